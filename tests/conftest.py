@@ -1,0 +1,63 @@
+"""Shared test helpers.
+
+numba's CUDA simulator must be chosen before numba.cuda is first imported, and the PTX compile
+tests need the real numba.cuda target, so simulator tests run in a subprocess: use the
+``cudasim`` fixture, ``cudasim("package.module:function", arg, ...)``, which calls the function in
+a fresh interpreter with NUMBA_ENABLE_CUDASIM=1 and returns its JSON-able result.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _run_cudasim(target: str, *args, timeout: float = 600):
+    module, _, func = target.partition(":")
+    code = textwrap.dedent(f"""
+        import importlib, json, sys
+        sys.path.insert(0, {str(ROOT)!r})
+        sys.path.insert(0, {str(ROOT / 'tests')!r})
+        mod = importlib.import_module({module!r})
+        out = getattr(mod, {func!r})(*json.loads(sys.argv[1]))
+        print("__CUDASIM_RESULT__" + json.dumps(out))
+    """)
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
+    proc = subprocess.run([sys.executable, "-c", code, json.dumps(list(args))], env=env,
+                          capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+    if proc.returncode != 0:
+        raise AssertionError(f"cudasim run of {target} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
+    for line in proc.stdout.splitlines()[::-1]:
+        if line.startswith("__CUDASIM_RESULT__"):
+            return json.loads(line[len("__CUDASIM_RESULT__"):])
+    raise AssertionError(f"cudasim run of {target} printed no result:\n{proc.stdout[-3000:]}")
+
+
+@pytest.fixture
+def cudasim():
+    return _run_cudasim
+
+
+def has_cuda() -> bool:
+    try:
+        import torch
+        return torch.cuda.is_available()
+    except Exception:
+        return False
+
+
+def pytest_collection_modifyitems(config, items):
+    if has_cuda():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU; run on the GPU machine (see ../shared/GPU.md)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
