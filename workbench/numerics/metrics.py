@@ -1,0 +1,377 @@
+"""The one comparison primitive of the workbench.
+
+:func:`compare` reports, for two tensors of the same shape, the same fields everywhere: relative L2,
+max abs error and where, mean abs, cosine, SQNR, ULP distance in a given format, the fraction
+outside ``atol + rtol*|a|`` and NaN/Inf counts on each side. ``a`` is the reference (control,
+oracle); ``b`` the candidate.
+
+One fused pass in float64 (numba, parallel over both cores) reads each element once, straight from
+memory-mapped captures, so comparing gigabytes costs no more memory than the tensors' pages.
+ULP distances are exact integers, histogrammed exactly up to 255 ULP and by powers of two above,
+so the median is exact whenever it is below 256 ULP.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+import numba
+import numpy as np
+import torch
+
+from workbench.errors import KernelArgumentError
+from workbench.numerics.dtypes import canonical, fmt
+
+__all__ = ["Comparison", "compare", "as_numpy_bits", "FIELDS"]
+
+_EXACT_BINS = 256
+_NBINS = _EXACT_BINS + 64
+_BLOCK = 1 << 16
+
+# stats vector layout
+_N, _SA2, _SB2, _SAB, _SD2, _SAD, _MAXD, _ARG, _OUT, _NANA, _NANB, _INFA, _INFB, _MAXU, _NDIFF, _NBOTH, _NMIS = range(17)
+_NSTATS = 17
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """Result of :func:`compare`; ``str()`` gives the one fixed line format.
+
+    Errors are measured over elements finite on both sides; ``n_nonfinite_mismatch`` counts the
+    elements where exactly one side is NaN/Inf or the two Infs differ.
+    """
+
+    numel: int
+    shape: tuple
+    dtype: str
+    rel_l2: float
+    max_abs: float
+    max_abs_index: tuple | None
+    mean_abs: float
+    cosine: float
+    sqnr_db: float
+    max_ulp: int
+    median_ulp: float
+    frac_outside: float
+    n_diff: int
+    nan_a: int
+    nan_b: int
+    inf_a: int
+    inf_b: int
+    n_nonfinite_mismatch: int
+    atol: float = 0.0
+    rtol: float = 0.0
+    ref_norm: float = field(default=0.0, repr=False)
+
+    @property
+    def bitwise_equal(self) -> bool:
+        """True when every element has the same value (NaN equal to NaN)."""
+        return self.n_diff == 0
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["shape"] = list(self.shape)
+        d["max_abs_index"] = list(self.max_abs_index) if self.max_abs_index is not None else None
+        d["bitwise_equal"] = self.bitwise_equal
+        return d
+
+    def __str__(self) -> str:
+        where = "" if self.max_abs_index is None else f"@{list(self.max_abs_index)}"
+        return (
+            f"rel_l2={self.rel_l2:.3e} max_abs={self.max_abs:.3e}{where} mean_abs={self.mean_abs:.3e} "
+            f"cos={self.cosine:.8f} sqnr={self.sqnr_db:.1f}dB ulp[{self.dtype}] max={self.max_ulp} "
+            f"med={self.median_ulp:g} out={self.frac_outside:.3e} diff={self.n_diff}/{self.numel} "
+            f"nan={self.nan_a}/{self.nan_b} inf={self.inf_a}/{self.inf_b}"
+        )
+
+
+FIELDS = [
+    "rel_l2", "max_abs", "mean_abs", "cosine", "sqnr_db", "max_ulp", "median_ulp",
+    "frac_outside", "n_diff", "nan_a", "nan_b", "inf_a", "inf_b", "n_nonfinite_mismatch",
+]
+
+
+def _lut(kind: str) -> np.ndarray:
+    bits = np.arange(1 << 16, dtype=np.uint32)
+    with np.errstate(invalid="ignore"):
+        if kind == "bf16":
+            return (bits << 16).view(np.float32).astype(np.float64)
+        return bits.astype(np.uint16).view(np.float16).astype(np.float64)
+
+
+_LUTS: dict[str, np.ndarray] = {}
+
+
+def _get_lut(kind: str) -> np.ndarray:
+    if kind not in _LUTS:
+        _LUTS[kind] = _lut(kind)
+    return _LUTS[kind]
+
+
+@numba.njit(inline="always")
+def _ordered(bits, signbit):
+    # monotone integer image of a float's bits: adjacent floats differ by 1, +0 and -0 coincide
+    mag = np.int64(bits) & (signbit - 1)
+    if np.int64(bits) & signbit:
+        return -mag
+    return mag
+
+
+@numba.njit(parallel=True, nogil=True, cache=True)
+def _kernel(va, ia, luta, sa, vb, ib, lutb, sb, atol, rtol, n_blocks):
+    n = va.shape[0]
+    stats = np.zeros((n_blocks, _NSTATS), dtype=np.float64)
+    hist = np.zeros((n_blocks, _NBINS), dtype=np.int64)
+    block = (n + n_blocks - 1) // n_blocks
+    for blk in numba.prange(n_blocks):
+        lo = blk * block
+        hi = min(n, lo + block)
+        sa2 = 0.0
+        sb2 = 0.0
+        sab = 0.0
+        sd2 = 0.0
+        sad = 0.0
+        maxd = -1.0
+        arg = -1
+        nout = 0
+        nana = 0
+        nanb = 0
+        infa = 0
+        infb = 0
+        maxu = 0
+        ndiff = 0
+        nboth = 0
+        nmis = 0
+        h0 = 0
+        for i in range(lo, hi):
+            if luta is None:
+                x = np.float64(va[i])
+            else:
+                x = luta[va[i]]
+            if lutb is None:
+                y = np.float64(vb[i])
+            else:
+                y = lutb[vb[i]]
+            fx = x - x == 0.0
+            fy = y - y == 0.0
+            if fx and fy:
+                nboth += 1
+                sa2 += x * x
+                sb2 += y * y
+                sab += x * y
+                if x == y:
+                    h0 += 1
+                    continue
+                ndiff += 1
+                d = abs(y - x)
+                sd2 += d * d
+                sad += d
+                if d > maxd:
+                    maxd = d
+                    arg = i
+                if d > atol + rtol * abs(x):
+                    nout += 1
+                u = abs(_ordered(ia[i], sa) - _ordered(ib[i], sb))
+                if u > maxu:
+                    maxu = u
+                if u < _EXACT_BINS:
+                    hist[blk, u] += 1
+                else:
+                    b = _EXACT_BINS
+                    t = u >> 8
+                    while t > 1:
+                        t >>= 1
+                        b += 1
+                    hist[blk, b] += 1
+            else:
+                if x != x:
+                    nana += 1
+                elif not fx:
+                    infa += 1
+                if y != y:
+                    nanb += 1
+                elif not fy:
+                    infb += 1
+                same = (x != x and y != y) or (x == y)
+                if not same:
+                    nout += 1
+                    ndiff += 1
+                    nmis += 1
+        hist[blk, 0] += h0
+        s = stats[blk]
+        s[_N] = max(hi - lo, 0)
+        s[_SA2] = sa2
+        s[_SB2] = sb2
+        s[_SAB] = sab
+        s[_SD2] = sd2
+        s[_SAD] = sad
+        s[_MAXD] = maxd
+        s[_ARG] = arg
+        s[_OUT] = nout
+        s[_NANA] = nana
+        s[_NANB] = nanb
+        s[_INFA] = infa
+        s[_INFB] = infb
+        s[_MAXU] = maxu
+        s[_NDIFF] = ndiff
+        s[_NBOTH] = nboth
+        s[_NMIS] = nmis
+    return stats, hist
+
+
+def as_numpy_bits(x) -> tuple[np.ndarray, str]:
+    """A flat numpy view of a CPU tensor/array without copying, and its canonical format.
+
+    bf16 and fp16 come back as uint16 bit patterns; other float dtypes as themselves. Non-float
+    dtypes are converted to float64 (a copy).
+    """
+    if isinstance(x, torch.Tensor):
+        t = x.detach()
+        if t.device.type != "cpu":
+            t = t.cpu()
+        t = t.contiguous().reshape(-1)
+        if t.dtype in (torch.bfloat16, torch.float16):
+            return t.view(torch.int16).numpy().view(np.uint16), canonical(t.dtype)
+        if t.dtype in (torch.float32, torch.float64):
+            return t.numpy(), canonical(t.dtype)
+        if t.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+            return t.to(torch.float32).numpy(), "fp32"
+        return t.to(torch.float64).numpy(), "fp64"
+    a = np.ascontiguousarray(x).reshape(-1)
+    if a.dtype == np.float16:
+        return a.view(np.uint16), "fp16"
+    if a.dtype in (np.float32, np.float64):
+        return a, canonical(a.dtype)
+    return a.astype(np.float64), "fp64"
+
+
+_INT_VIEW = {"fp64": np.int64, "fp32": np.int32, "bf16": np.uint16, "fp16": np.uint16}
+_SIGN = {"fp64": np.int64(-(2**63)), "fp32": np.int64(2**31), "bf16": np.int64(2**15), "fp16": np.int64(2**15)}
+
+
+def _bits_in(values: np.ndarray, kind: str, target: str) -> np.ndarray:
+    """Integer bits of the values rounded (RNE, by torch) to ``target``."""
+    if kind == target:
+        return values.view(_INT_VIEW[kind]) if kind in ("fp32", "fp64") else values
+    if kind in ("bf16", "fp16"):
+        t = torch.from_numpy(values.view(np.int16)).view(torch.bfloat16 if kind == "bf16" else torch.float16)
+    else:
+        t = torch.from_numpy(values)
+    td = {"fp64": torch.float64, "fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[target]
+    r = t.to(td)
+    if target in ("bf16", "fp16"):
+        return r.view(torch.int16).numpy().view(np.uint16)
+    return r.numpy().view(_INT_VIEW[target])
+
+
+def _coarser(ka: str, kb: str) -> str:
+    order = {"fp64": 3, "fp32": 2, "fp16": 1, "bf16": 0}
+    return ka if order[ka] <= order[kb] else kb
+
+
+def compare(a, b, *, dtype=None, atol: float = 1e-5, rtol: float = 1e-3,
+            chunk: int = 1 << 24) -> Comparison:
+    """Compare candidate ``b`` against reference ``a``.
+
+    Parameters
+    ----------
+    a, b: tensors or arrays of the same shape, any float dtype (bf16/fp16/fp32/fp64), on any
+        device (non-CPU tensors are copied to the CPU); ints are compared as float64.
+    dtype: format in which ULP distances are counted ("bf16", "fp16", "fp32", "fp64"); by default
+        the coarser of the two inputs' formats. Values are rounded (RNE) to it for the ULP count.
+    atol, rtol: an element is "outside" when ``|b - a| > atol + rtol * |a|``.
+    chunk: elements per pass when a conversion is needed (bounds memory); native layouts are
+        read in one pass without copies.
+
+    Returns
+    -------
+    Comparison
+
+    Example
+    -------
+    >>> import torch
+    >>> c = compare(torch.ones(4), torch.tensor([1.0, 1.0, 1.0, 1.5]), dtype="fp32")
+    >>> c.max_abs, c.max_abs_index, c.max_ulp
+    (0.5, (3,), 4194304)
+    """
+    shape_a = tuple(a.shape)
+    shape_b = tuple(b.shape)
+    if shape_a != shape_b:
+        raise KernelArgumentError(
+            f"compare: shapes differ, a {list(shape_a)} vs b {list(shape_b)}", key="b",
+            fix="compare tensors of the same shape (reshape or slice first)",
+        )
+    va, ka = as_numpy_bits(a)
+    vb, kb = as_numpy_bits(b)
+    ulp = canonical(dtype) if dtype is not None else _coarser(ka, kb)
+    if ulp not in _INT_VIEW:
+        raise KernelArgumentError(
+            f"compare: ULP format must be one of {sorted(_INT_VIEW)}, got {dtype!r}", key="dtype",
+            fix="pass dtype='bf16', 'fp16', 'fp32' or 'fp64'",
+        )
+    luta = _get_lut(ka) if ka in ("bf16", "fp16") else None
+    lutb = _get_lut(kb) if kb in ("bf16", "fp16") else None
+    sign = _SIGN[ulp]
+    n = va.shape[0]
+    blocks = max(1, min(256, (n + _BLOCK - 1) // _BLOCK))
+    stats_parts, hist_parts = [], []
+    native = ka == ulp and kb == ulp
+    step = n if native or n == 0 else chunk
+    for lo in range(0, max(n, 1), max(step, 1)):
+        hi = min(n, lo + step)
+        sa, sb = va[lo:hi], vb[lo:hi]
+        ia = _bits_in(sa, ka, ulp)
+        ib = _bits_in(sb, kb, ulp)
+        nb = max(1, min(blocks, (hi - lo + _BLOCK - 1) // _BLOCK))
+        st, hi_ = _kernel(sa, ia, luta, sign, sb, ib, lutb, sign, float(atol), float(rtol), nb)
+        # block-local argmax indices are relative to the chunk
+        st[:, _ARG] = np.where(st[:, _ARG] >= 0, st[:, _ARG] + lo, -1)
+        stats_parts.append(st)
+        hist_parts.append(hi_)
+    st = np.concatenate(stats_parts) if stats_parts else np.zeros((0, _NSTATS))
+    hist = np.concatenate(hist_parts).sum(axis=0) if hist_parts else np.zeros(_NBINS, np.int64)
+    return _finish(st, hist, n, shape_a, ulp, atol, rtol)
+
+
+def _finish(st, hist, n, shape, ulp, atol, rtol) -> Comparison:
+    tot = st.sum(axis=0) if len(st) else np.zeros(_NSTATS)
+    sa2, sb2, sab, sd2, sad = (float(tot[i]) for i in (_SA2, _SB2, _SAB, _SD2, _SAD))
+    nboth = int(tot[_NBOTH])
+    if len(st) and st[:, _MAXD].max() >= 0:
+        j = int(np.argmax(st[:, _MAXD]))
+        max_abs = float(st[j, _MAXD])
+        max_idx = tuple(int(v) for v in np.unravel_index(int(st[j, _ARG]), shape)) if shape else ()
+        if max_abs == 0.0:
+            max_idx = None
+    else:
+        max_abs, max_idx = 0.0, None
+    if sa2 > 0:
+        rel = math.sqrt(sd2 / sa2)
+    else:
+        rel = 0.0 if sd2 == 0 else math.inf
+    cos = sab / math.sqrt(sa2 * sb2) if sa2 > 0 and sb2 > 0 else (1.0 if sa2 == sb2 else 0.0)
+    sqnr = math.inf if sd2 == 0 else (10.0 * math.log10(sa2 / sd2) if sa2 > 0 else -math.inf)
+    median = _hist_median(hist)
+    ndiff = int(tot[_NDIFF])
+    return Comparison(
+        numel=int(n), shape=tuple(int(s) for s in shape), dtype=ulp, rel_l2=rel, max_abs=max_abs,
+        max_abs_index=max_idx, mean_abs=sad / nboth if nboth else 0.0, cosine=float(cos),
+        sqnr_db=float(sqnr), max_ulp=int(st[:, _MAXU].max()) if len(st) else 0,
+        median_ulp=median, frac_outside=float(tot[_OUT]) / n if n else 0.0, n_diff=ndiff,
+        nan_a=int(tot[_NANA]), nan_b=int(tot[_NANB]), inf_a=int(tot[_INFA]), inf_b=int(tot[_INFB]),
+        n_nonfinite_mismatch=int(tot[_NMIS]),
+        atol=float(atol), rtol=float(rtol), ref_norm=math.sqrt(sa2),
+    )
+
+
+def _hist_median(hist: np.ndarray) -> float:
+    total = int(hist.sum())
+    if total == 0:
+        return 0.0
+    half = (total + 1) // 2
+    c = np.cumsum(hist)
+    b = int(np.searchsorted(c, half))
+    if b < _EXACT_BINS:
+        return float(b)
+    return float(2 ** (b - _EXACT_BINS + 8))  # lower bound of a power-of-two bucket
