@@ -1,0 +1,282 @@
+"""Capture: a lazy, memory-mapped, indexed view of a capture directory."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+
+from workbench.capture.format import DTYPES, KEY_FIELDS, load_manifest, safe_join
+from workbench.errors import ChecksumError, DuplicateKeyError, KeyNotFoundError, ShardError
+
+__all__ = ["Capture", "open_capture", "VerifyReport"]
+
+
+@dataclass
+class VerifyReport:
+    """Result of :meth:`Capture.verify`: one row per shard with its status."""
+
+    path: Path
+    shards: pd.DataFrame
+
+    @property
+    def ok(self) -> bool:
+        return bool((self.shards["status"] == "ok").all())
+
+    def __str__(self) -> str:
+        bad = self.shards[self.shards["status"] != "ok"]
+        head = f"{self.path}: {len(self.shards)} shard(s), " + ("all ok" if self.ok else f"{len(bad)} bad")
+        lines = [head] + [f"  {r.path}: {r.status}" for r in bad.itertuples()]
+        return "\n".join(lines)
+
+
+def open_capture(path: str | os.PathLike) -> "Capture":
+    """Open a capture directory (lazy: reads only manifest.json).
+
+    Raises IncompleteCaptureError, ManifestError, FormatVersionError, UnsafePathError or
+    DuplicateKeyError with the file, key and fix.
+    """
+    return Capture(path)
+
+
+def _match(col: pd.Series, want: Any) -> np.ndarray:
+    if callable(want):
+        return col.map(want).to_numpy(dtype=bool)
+    if isinstance(want, slice):
+        m = np.ones(len(col), dtype=bool)
+        if want.start is not None:
+            m &= (col >= want.start).to_numpy()
+        if want.stop is not None:
+            m &= (col < want.stop).to_numpy()
+        return m
+    if isinstance(want, (list, tuple, set, frozenset, range, np.ndarray)):
+        return col.isin(list(want)).to_numpy()
+    return (col == want).to_numpy()
+
+
+class Capture:
+    """A capture directory opened lazily.
+
+    Attributes
+    ----------
+    path: the capture directory
+    arm: the arm name written by the capture
+    run: run metadata (dict)
+    index: pandas DataFrame, one row per tensor: rank, step, layer, op, name, seq, dtype, shape,
+        shard, offset, nbytes, tags (sorted by seq)
+
+    Example
+    -------
+    >>> cap = open_capture("captures/control")                          # doctest: +SKIP
+    >>> cap.select(op="gdn", name="state").index[["layer", "step"]]     # doctest: +SKIP
+    >>> cap.get(layer=3, op="gdn", name="output", step=5)               # doctest: +SKIP
+    """
+
+    def __init__(self, path: str | os.PathLike, *, _manifest: dict | None = None,
+                 _index: pd.DataFrame | None = None) -> None:
+        self.path = Path(path)
+        m = _manifest if _manifest is not None else load_manifest(self.path)
+        self._manifest = m
+        self.arm: str = m["arm"]
+        self.run: dict = m["run"]
+        self.shards: list[dict] = m["shards"]
+        if _index is None:
+            cols = m["tensors"]
+            df = pd.DataFrame({c: cols[c] for c in cols})
+            if len(df) == 0:
+                df = pd.DataFrame({c: pd.Series(dtype=t) for c, t in (
+                    ("rank", "int64"), ("step", "int64"), ("layer", "int64"), ("op", "object"),
+                    ("name", "object"), ("seq", "int64"), ("dtype", "object"), ("shape", "object"),
+                    ("shard", "int64"), ("offset", "int64"), ("nbytes", "int64"), ("tags", "object"))})
+            dup = df.duplicated(list(KEY_FIELDS), keep=False)
+            if dup.any():
+                row = df[dup].iloc[0]
+                raise DuplicateKeyError(
+                    f"manifest lists {int(dup.sum())} tensors with duplicate keys",
+                    file=self.path / "manifest.json", key={f: row[f] for f in KEY_FIELDS},
+                    fix="the manifest was edited or produced by a faulty writer; re-capture",
+                )
+            df = df.sort_values("seq", kind="stable").reset_index(drop=True)
+            _index = df
+        self.index: pd.DataFrame = _index
+
+    # -- basic views ---------------------------------------------------------------------------
+    @property
+    def created(self) -> str | None:
+        return self._manifest.get("created")
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def __repr__(self) -> str:
+        return f"<Capture arm={self.arm!r} tensors={len(self)} path={str(self.path)!r}>"
+
+    def keys(self) -> list[tuple]:
+        """(rank, step, layer, op, name) of every tensor, in causal (seq) order."""
+        return list(self.index[list(KEY_FIELDS)].itertuples(index=False, name=None))
+
+    def summary(self) -> pd.DataFrame:
+        """Count and bytes per (op, name)."""
+        g = self.index.groupby(["op", "name"], sort=False)
+        return g.agg(tensors=("seq", "size"), bytes=("nbytes", "sum"),
+                     layers=("layer", "nunique"), steps=("step", "nunique"),
+                     ranks=("rank", "nunique")).reset_index()
+
+    @property
+    def total_bytes(self) -> int:
+        return int(self.index["nbytes"].sum())
+
+    def select(self, **filters: Any) -> "Capture":
+        """A filtered view. Each filter is a value, a list/range of values, a slice over ints
+        (start inclusive, stop exclusive) or a predicate; ``tag_<name>=`` filters on a tag.
+
+        >>> cap.select(op=["gdn", "qsa"], layer=slice(0, 4), name="output")   # doctest: +SKIP
+        """
+        df = self.index
+        m = np.ones(len(df), dtype=bool)
+        for k, want in filters.items():
+            if k.startswith("tag_"):
+                col = df["tags"].map(lambda t, _k=k[4:]: t.get(_k))
+            elif k in df.columns:
+                col = df[k]
+            else:
+                raise KeyNotFoundError(
+                    f"unknown filter {k!r}", file=self.path,
+                    fix=f"filter on one of {list(KEY_FIELDS) + ['seq', 'dtype']} or tag_<name>",
+                )
+            m &= _match(col, want)
+        return Capture(self.path, _manifest=self._manifest, _index=df[m].reset_index(drop=True))
+
+    def _row(self, key: dict) -> pd.Series:
+        view = self.select(**key)
+        if len(view) == 1:
+            return view.index.iloc[0]
+        if len(view) == 0:
+            raise KeyNotFoundError("no tensor matches the key", file=self.path, key=key,
+                                   fix="list keys with cap.index or `workbench inspect`")
+        sample = view.index[list(KEY_FIELDS)].head(5).to_dict("records")
+        raise KeyNotFoundError(
+            f"{len(view)} tensors match the key; it must identify one (first: {sample})",
+            file=self.path, key=key, fix="add rank=, step=, layer=, op= or name= to narrow it",
+        )
+
+    # -- reading -------------------------------------------------------------------------------
+    def shard_path(self, shard: int) -> Path:
+        return safe_join(self.path, self.shards[shard]["path"], what=f"shards[{shard}]")
+
+    def _map(self, row) -> np.ndarray:
+        """Memory-map one tensor's bytes as a flat numpy array (copy-on-write: never alters the file)."""
+        dt = DTYPES[row["dtype"]][1]
+        n = int(row["nbytes"]) // dt.itemsize
+        if n == 0:
+            return np.empty(0, dtype=dt)
+        p = self.shard_path(int(row["shard"]))
+        key = {f: row[f] for f in KEY_FIELDS}
+        try:
+            size = p.stat().st_size
+        except FileNotFoundError:
+            raise ShardError("shard file is missing", file=p, key=key,
+                             fix="restore the shard from the source, or re-capture") from None
+        end = int(row["offset"]) + int(row["nbytes"])
+        if size < end:
+            raise ShardError(f"shard is truncated: {size} bytes, the tensor ends at byte {end}",
+                             file=p, key=key, fix="re-copy the shard (the copy was cut short) or re-capture")
+        return np.memmap(p, dtype=dt, mode="c", offset=int(row["offset"]), shape=(n,))
+
+    def raw(self, row) -> np.ndarray:
+        """Flat numpy view of a tensor's stored elements (bf16 as uint16 bits); lazy."""
+        return self._map(row)
+
+    def _tensor(self, row) -> torch.Tensor:
+        arr = self._map(row)
+        tdt = DTYPES[row["dtype"]][0]
+        t = torch.from_numpy(arr) if arr.size else torch.empty(0, dtype=torch.from_numpy(arr).dtype)
+        if t.dtype != tdt:
+            t = t.view(tdt)
+        return t.reshape(row["shape"])
+
+    def get(self, **key: Any) -> torch.Tensor:
+        """The one tensor matching ``key`` (any subset of rank, step, layer, op, name, seq).
+
+        The tensor is memory-mapped copy-on-write: pages are read on first touch and writes stay
+        private to this process.
+        """
+        return self._tensor(self._row(key))
+
+    def __iter__(self) -> Iterator[tuple[dict, torch.Tensor]]:
+        for _, row in self.index.iterrows():
+            yield {f: row[f] for f in KEY_FIELDS}, self._tensor(row)
+
+    def tensors(self) -> Iterator[tuple[dict, torch.Tensor]]:
+        """Iterate (key, tensor) in causal order."""
+        return iter(self)
+
+    # -- xarray ---------------------------------------------------------------------------------
+    def to_xarray(self, dims: Sequence[str] = ("layer", "step", "rank"), *, name: str | None = None,
+                  dtype=None, **filters: Any):
+        """Stack same-shaped tensors into a lazy xarray.DataArray with ``dims`` + tensor dims.
+
+        Filters (as in :meth:`select`) pick the tensors, which must differ only in ``dims`` and
+        all have one shape. Nothing is read until values are accessed; indexing reads only the
+        tensors needed. bf16/fp16/fp8 values are presented as float32 (numpy has no bf16).
+        """
+        from workbench.capture.xarray_view import stacked_dataarray
+
+        view = self.select(**filters) if filters else self
+        return stacked_dataarray(view, tuple(dims), name=name, dtype=dtype)
+
+    # -- integrity -----------------------------------------------------------------------------
+    def verify(self, *, raise_on_error: bool = True, chunk: int = 8 << 20) -> VerifyReport:
+        """Check every shard's existence, size and sha256, and that it is valid safetensors.
+
+        Raises ChecksumError/ShardError (naming the file and the fix) unless
+        ``raise_on_error=False``, in which case the report lists the status of each shard.
+        """
+        import json
+        import struct
+
+        rows = []
+        first_error: Exception | None = None
+        for i, s in enumerate(self.shards):
+            p = self.shard_path(i)
+            status = "ok"
+            err: Exception | None = None
+            if not p.exists():
+                status = "missing"
+                err = ShardError("shard file is missing", file=p, fix="restore it from the source or re-capture")
+            elif p.stat().st_size != s["bytes"]:
+                status = f"size {p.stat().st_size} != {s['bytes']}"
+                err = ChecksumError(f"shard size is {p.stat().st_size} bytes, the manifest says {s['bytes']}",
+                                    file=p, fix="the shard was truncated or modified; re-copy it or re-capture")
+            else:
+                h = hashlib.sha256()
+                with open(p, "rb") as f:
+                    while b := f.read(chunk):
+                        h.update(b)
+                if h.hexdigest() != s["sha256"]:
+                    status = "sha256 mismatch"
+                    err = ChecksumError(f"shard sha256 {h.hexdigest()[:16]}... differs from the manifest's "
+                                        f"{s['sha256'][:16]}...", file=p,
+                                        fix="the shard was modified after capture; re-copy it or re-capture")
+                else:
+                    with open(p, "rb") as f:
+                        try:
+                            (hl,) = struct.unpack("<Q", f.read(8))
+                            json.loads(f.read(hl))
+                        except Exception as e:
+                            status = "bad safetensors header"
+                            err = ShardError(f"not a valid safetensors file: {e}", file=p,
+                                             fix="re-capture; the writer produced a bad shard")
+            rows.append(dict(shard=i, path=s["path"], bytes=s["bytes"], status=status))
+            if err is not None and first_error is None:
+                first_error = err
+        report = VerifyReport(self.path, pd.DataFrame(rows, columns=["shard", "path", "bytes", "status"]))
+        if first_error is not None and raise_on_error:
+            raise first_error
+        return report
