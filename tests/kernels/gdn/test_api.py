@@ -1,0 +1,89 @@
+"""Public API of workbench.kernels.gdn: identical signatures, validation, backend listing."""
+
+import importlib
+import inspect
+
+import pytest
+import torch
+
+from workbench.errors import BackendUnavailableError, KernelArgumentError, UnknownBackendError
+from workbench.kernels import backends, gdn
+from workbench.kernels.gdn._cases import make_inputs
+
+OPS = ["recurrent", "chunked", "gates", "causal_conv1d", "gated_rmsnorm"]
+MODULES = ["oracle", "torch_ref", "numba_cuda", "ext", "fla"]
+
+
+def _public_without_backend(op):
+    sig = inspect.signature(getattr(gdn, op))
+    return sig.replace(parameters=[p for p in sig.parameters.values() if p.name != "backend"])
+
+
+@pytest.mark.parametrize("module", MODULES)
+@pytest.mark.parametrize("op", OPS)
+def test_signatures_identical(module, op):
+    # importing a backend module must not need its hardware (numba, nvcc, fla are checked lazily)
+    mod = importlib.import_module(f"workbench.kernels.gdn.{module}")
+    assert inspect.signature(getattr(mod, op)) == _public_without_backend(op)
+    for name, p in inspect.signature(getattr(mod, op)).parameters.items():
+        if name in ("scale", "initial_state", "qk_l2norm", "chunk_size", "policy", "state"):
+            assert p.kind is p.KEYWORD_ONLY, name
+
+
+def test_backends_listing():
+    df = backends("gdn")
+    assert list(df.name) == list(gdn.BACKENDS)
+    row = df.set_index("name")
+    assert row.loc["oracle", "available"] and row.loc["torch", "available"]
+    for name in ("numba", "fla"):  # no GPU in CI
+        if not torch.cuda.is_available():
+            assert not row.loc[name, "available"] and row.loc[name, "reason"]
+
+
+def test_unavailable_and_unknown_backend():
+    x = make_inputs()
+    if not torch.cuda.is_available():
+        with pytest.raises(BackendUnavailableError, match="flash-linear-attention"):
+            gdn.recurrent(**x, backend="fla")
+    with pytest.raises(UnknownBackendError, match="oracle"):
+        gdn.recurrent(**x, backend="nope")
+
+
+def _bad(**changes):
+    x = make_inputs(B=2, T=3, H=2, HV=4, K=8, V=6, state=True)
+    x.update(changes)
+    return x
+
+
+@pytest.mark.parametrize("changes, argument, words", [
+    (dict(q=torch.randn(3, 2, 8)), "q", "rank 4"),
+    (dict(k=torch.randn(2, 3, 2, 7)), "k", "shape"),
+    (dict(v=torch.randn(2, 3, 3, 6)), "v", "multiple of H=2"),
+    (dict(v=torch.randn(2, 3, 4, 6, dtype=torch.bfloat16)), "v", "dtype torch.float32"),
+    (dict(g=torch.randn(2, 3, 2)), "g", "[B, T, HV]"),
+    (dict(beta=torch.randn(2, 3)), "beta", "rank 3"),
+    (dict(initial_state=torch.zeros(2, 4, 6, 8)), "initial_state", "(2, 4, 8, 6)"),
+    (dict(initial_state=torch.zeros(2, 4, 8, 6, dtype=torch.bfloat16)), "initial_state", "float32"),
+    (dict(q=torch.zeros(2, 3, 2, 8, dtype=torch.int32)), "q", "floating"),
+    (dict(g=torch.zeros(2, 3, 4, device="meta")), "g", "device cpu"),
+], ids=["q-rank", "k-shape", "HV-not-multiple", "v-dtype", "g-shape", "beta-rank", "state-shape",
+        "state-dtype", "q-int", "g-device"])
+@pytest.mark.parametrize("op", ["recurrent", "chunked"])
+def test_bad_arguments(op, changes, argument, words):
+    with pytest.raises(KernelArgumentError) as e:
+        getattr(gdn, op)(**_bad(**changes))
+    assert e.value.key == argument
+    assert words in str(e.value) and "got" in str(e.value)
+
+
+def test_bad_helper_arguments():
+    with pytest.raises(KernelArgumentError, match="chunk_size"):
+        gdn.chunked(**make_inputs(), chunk_size=0)
+    with pytest.raises(KernelArgumentError, match="dt_bias"):
+        gdn.gates(torch.zeros(1, 2, 4), torch.zeros(1, 2, 4), torch.zeros(4), torch.zeros(3))
+    with pytest.raises(KernelArgumentError, match="state"):
+        gdn.causal_conv1d(torch.zeros(1, 2, 4), torch.zeros(4, 4), state=torch.zeros(1, 4, 4))
+    with pytest.raises(KernelArgumentError, match="z"):
+        gdn.gated_rmsnorm(torch.zeros(2, 4), torch.zeros(2, 5), torch.ones(4))
+    with pytest.raises(KernelArgumentError, match="scale"):
+        gdn.recurrent(**make_inputs(), scale="0.1")

@@ -1,0 +1,33 @@
+"""Random GDN problems shaped like the models' (for tests, benchmarks and notebooks).
+
+q and k are drawn normal, v normal, g = logsigmoid(normal) (so exp(g) is a decay in (0, 1)),
+beta = sigmoid(normal). Callers usually pass ``qk_l2norm=True``, as the models do; without it
+the delta rule with unnormalized keys is unstable over long sequences.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+__all__ = ["make_inputs", "case_id"]
+
+
+def make_inputs(B=1, T=8, H=1, HV=2, K=8, V=8, *, dtype=torch.float32, state=False, seed=0,
+                device="cpu") -> dict:
+    """Keyword arguments of ``gdn.recurrent`` for one random problem (without backend/policy)."""
+    gen = torch.Generator().manual_seed(seed)
+
+    def rnd(*shape):
+        return torch.randn(*shape, generator=gen, dtype=torch.float32)
+
+    out = dict(
+        q=rnd(B, T, H, K).to(dtype), k=rnd(B, T, H, K).to(dtype), v=rnd(B, T, HV, V).to(dtype),
+        g=F.logsigmoid(rnd(B, T, HV) + 2.0), beta=torch.sigmoid(rnd(B, T, HV)),
+        initial_state=(0.1 * rnd(B, HV, K, V)) if state else None,
+    )
+    return {k: (x.to(device) if x is not None else None) for k, x in out.items()}
+
+
+def case_id(B, T, H, HV, K, V, dtype="fp32", state=False) -> str:
+    return f"B{B}-T{T}-H{H}-HV{HV}-K{K}-V{V}-{dtype}" + ("-state" if state else "")
