@@ -1,0 +1,303 @@
+"""compare_captures: pair two captures key by key and find the first divergence in causal order."""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import math
+from dataclasses import asdict, dataclass
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+import pandas as pd
+import xarray as xr
+
+from workbench.capture.format import KEY_FIELDS
+from workbench.capture.reader import Capture, open_capture
+from workbench.errors import WorkbenchError
+from workbench.numerics.metrics import FIELDS, compare
+
+__all__ = ["Rule", "DEFAULT_RULE", "ComparisonResult", "compare_captures", "METRICS"]
+
+# metrics where a larger value means "further apart"
+METRICS = ("rel_l2", "max_abs", "mean_abs", "max_ulp", "median_ulp", "frac_outside")
+DIVERGENT_STATUSES = ("diverged", "shape_mismatch", "nonfinite")
+
+
+@dataclass(frozen=True)
+class Rule:
+    """Threshold rule for the tensors whose ``op/name`` matches ``pattern`` (fnmatch glob).
+
+    A key diverges when ``metric > threshold``. Without an A/A capture, ``threshold`` is used
+    as is. With an A/A capture, the threshold of each key is ``max(aa_factor * noise, floor)``,
+    where noise is the same metric between the control and its repeat for that key; keys the
+    repeat lacks fall back to ``threshold``.
+
+    The pattern is matched against ``"op/name"`` and ``"layer<L>/op/name"``, so
+    ``"lm_head/*"``, ``"*/state"`` and ``"layer3/*"`` all work. The first matching rule wins.
+    """
+
+    pattern: str = "*"
+    metric: str = "rel_l2"
+    threshold: float = 1e-3
+    aa_factor: float = 4.0
+    floor: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.metric not in METRICS:
+            raise WorkbenchError(f"Rule.metric must be one of {list(METRICS)}, got {self.metric!r}",
+                                 key="metric", fix=f"use one of {list(METRICS)}")
+
+    def matches(self, op: str, name: str, layer: int) -> bool:
+        return fnmatch.fnmatchcase(f"{op}/{name}", self.pattern) or \
+            fnmatch.fnmatchcase(f"layer{layer}/{op}/{name}", self.pattern)
+
+
+DEFAULT_RULE = Rule()
+
+
+def _as_rules(rules) -> list[Rule]:
+    if rules is None:
+        return []
+    if isinstance(rules, (Rule, dict)):
+        rules = [rules]
+    out = []
+    for r in rules:
+        if isinstance(r, Rule):
+            out.append(r)
+        elif isinstance(r, dict):
+            try:
+                out.append(Rule(**r))
+            except TypeError as e:
+                raise WorkbenchError(f"bad rule {r!r}: {e}", key="rules",
+                                     fix="rules are dicts with pattern, metric, threshold, aa_factor, floor") from None
+        else:
+            raise WorkbenchError(f"a rule must be a Rule or dict, got {type(r).__name__}", key="rules",
+                                 fix="pass rules=[Rule('lm_head/*', threshold=1e-2), ...]")
+    return out
+
+
+def _open(c) -> Capture:
+    return c if isinstance(c, Capture) else open_capture(c)
+
+
+class ComparisonResult:
+    """Per-key comparison of a control and a candidate capture.
+
+    Attributes
+    ----------
+    table: pandas DataFrame, one row per key (causal order of the control, keys only in the
+        candidate last): key fields, seq, status, every metric of :func:`workbench.compare`,
+        ``aa`` (A/A noise of the rule's metric), ``metric``, ``value``, ``threshold``,
+        ``exceeded``.
+    """
+
+    def __init__(self, table: pd.DataFrame, *, control: Capture, candidate: Capture,
+                 aa: Capture | None, rules: list[Rule]) -> None:
+        self.table = table
+        self.control_path = str(control.path)
+        self.candidate_path = str(candidate.path)
+        self.aa_path = str(aa.path) if aa is not None else None
+        self.control_arm = control.arm
+        self.candidate_arm = candidate.arm
+        self.rules = rules
+
+    # -- queries -----------------------------------------------------------------------------
+    def divergent(self, *, include_missing: bool = False) -> pd.DataFrame:
+        """Rows beyond their threshold (and structural mismatches), in causal order."""
+        m = self.table["exceeded"].to_numpy(dtype=bool)
+        if include_missing:
+            m |= self.table["status"].isin(["only_control", "only_candidate"]).to_numpy()
+        return self.table[m]
+
+    def first_divergence(self, *, include_missing: bool = False) -> pd.Series | None:
+        """The first key in causal order whose error exceeds its threshold, or None."""
+        d = self.divergent(include_missing=include_missing)
+        return None if len(d) == 0 else d.iloc[0]
+
+    @property
+    def only_control(self) -> pd.DataFrame:
+        return self.table[self.table["status"] == "only_control"]
+
+    @property
+    def only_candidate(self) -> pd.DataFrame:
+        return self.table[self.table["status"] == "only_candidate"]
+
+    def counts(self) -> dict[str, int]:
+        return {k: int(v) for k, v in self.table["status"].value_counts().items()}
+
+    def to_xarray(self) -> xr.Dataset:
+        """The table as an xarray Dataset along dim ``key`` with the key fields as coordinates."""
+        t = self.table.reset_index(drop=True)
+        coords = {f: ("key", t[f].to_numpy()) for f in (*KEY_FIELDS, "seq")}
+        data = {c: ("key", t[c].to_numpy()) for c in t.columns
+                if c not in coords and c not in ("shape", "shape_candidate", "max_abs_index")}
+        ds = xr.Dataset(data, coords=coords)
+        ds.attrs.update(control=self.control_path, candidate=self.candidate_path,
+                        aa=self.aa_path or "", control_arm=self.control_arm,
+                        candidate_arm=self.candidate_arm,
+                        rules=json.dumps([asdict(r) for r in self.rules]))
+        return ds
+
+    def to_dict(self) -> dict[str, Any]:
+        fd = self.first_divergence()
+        rows = json.loads(self.table.to_json(orient="records"))
+        return {
+            "control": self.control_path, "candidate": self.candidate_path, "aa": self.aa_path,
+            "rules": [asdict(r) for r in self.rules], "counts": self.counts(),
+            "first_divergence": None if fd is None else json.loads(fd.to_json()),
+            "rows": rows,
+        }
+
+    # -- text ----------------------------------------------------------------------------------
+    def describe_first(self) -> str:
+        fd = self.first_divergence()
+        if fd is None:
+            return "no divergence beyond the thresholds"
+        key = " ".join(f"{f}={fd[f]}" for f in KEY_FIELDS)
+        if fd["status"] == "shape_mismatch":
+            return f"first divergence: {key} (seq {fd['seq']}): shape {fd['shape']} vs {fd['shape_candidate']}"
+        return (f"first divergence: {key} (seq {fd['seq']}): {fd['metric']}={fd['value']:.3e} > "
+                f"threshold {fd['threshold']:.3e}" + (f" (A/A noise {fd['aa']:.3e})" if not math.isnan(fd["aa"]) else "")
+                + f" [{fd['status']}]")
+
+    def report(self, *, rows: int = 20) -> str:
+        """A readable table: the keys up to the first divergence (and a few after), then a verdict."""
+        t = self.table
+        cols = [*KEY_FIELDS, "seq", "status", "rel_l2", "max_abs", "max_ulp", "aa", "threshold"]
+        fd = self.first_divergence()
+        if fd is not None:
+            pos = int(np.flatnonzero(t.index == fd.name)[0])
+            lo = max(0, pos - rows // 2)
+            view = t.iloc[lo: lo + rows]
+        else:
+            view = t.iloc[:rows]
+        with pd.option_context("display.width", 200, "display.max_columns", 20,
+                               "display.float_format", "{:.3e}".format):
+            body = view[cols].to_string(index=False)
+        c = self.counts()
+        head = (f"control   {self.control_path} (arm {self.control_arm})\n"
+                f"candidate {self.candidate_path} (arm {self.candidate_arm})\n"
+                + (f"A/A       {self.aa_path}\n" if self.aa_path else "")
+                + f"keys: {len(t)}  " + "  ".join(f"{k}={v}" for k, v in sorted(c.items())))
+        more = f"\n... {len(t) - len(view)} more rows" if len(t) > len(view) else ""
+        return f"{head}\n\n{body}{more}\n\n{self.describe_first()}"
+
+    def __repr__(self) -> str:
+        return f"<ComparisonResult keys={len(self.table)} {self.describe_first()}>"
+
+
+def _rule_for(rules: list[Rule], op: str, name: str, layer: int) -> Rule:
+    for r in rules:
+        if r.matches(op, name, layer):
+            return r
+    return DEFAULT_RULE
+
+
+def compare_captures(control, candidate, *, aa=None, rules=None, dtype=None,
+                     atol: float = 1e-5, rtol: float = 1e-3, **filters) -> ComparisonResult:
+    """Compare every tensor key of two captures.
+
+    Parameters
+    ----------
+    control, candidate: Capture or capture paths
+    aa: an A/A repeat of the control (Capture or path): per-key noise thresholds
+    rules: Rule / dict / list of them: per-tensor thresholds by ``op/name`` pattern
+    dtype: ULP format (default: the coarser stored format of each pair)
+    atol, rtol: the "outside" tolerance reported as ``frac_outside``
+    filters: restrict both captures as :meth:`Capture.select` does (e.g. ``op="gdn"``)
+
+    Returns
+    -------
+    ComparisonResult; ``.first_divergence()`` is the first key in causal (seq) order beyond its
+    threshold. Missing keys, shape and dtype mismatches are rows with a status, never errors.
+    """
+    ctl, cand = _open(control), _open(candidate)
+    rep = _open(aa) if aa is not None else None
+    rl = _as_rules(rules)
+    if filters:
+        ctl, cand = ctl.select(**filters), cand.select(**filters)
+        rep = rep.select(**filters) if rep is not None else None
+    keys = list(KEY_FIELDS)
+    left = ctl.index.assign(c_pos=np.arange(len(ctl.index)))
+    right = cand.index[keys + ["seq", "dtype", "shape"]].assign(d_pos=np.arange(len(cand.index)))
+    m = left.merge(right, on=keys, how="outer", suffixes=("", "_candidate"), sort=False)
+    aa_pos = None
+    if rep is not None:
+        aa_idx = rep.index[keys].assign(a_pos=np.arange(len(rep.index)))
+        aa_pos = m[keys].merge(aa_idx, on=keys, how="left")["a_pos"].to_numpy()
+    records = []
+    for i, r in enumerate(m.to_dict("records")):
+        rec = {f: r[f] for f in keys}
+        has_c = not _isnan(r["c_pos"])
+        has_d = not _isnan(r["d_pos"])
+        rec["seq"] = int(r["seq"]) if has_c else -1
+        rec["seq_candidate"] = int(r["seq_candidate"]) if has_d else -1
+        rec["dtype"] = r["dtype"] if has_c else None
+        rec["dtype_candidate"] = r["dtype_candidate"] if has_d else None
+        rec["shape"] = list(r["shape"]) if has_c else None
+        rec["shape_candidate"] = list(r["shape_candidate"]) if has_d else None
+        rule = _rule_for(rl, rec["op"], rec["name"], rec["layer"])
+        rec["metric"] = rule.metric
+        rec["rule"] = rule.pattern
+        vals = dict.fromkeys(FIELDS, np.nan)
+        aa_val = np.nan
+        if not has_c or not has_d:
+            status = "only_control" if has_c else "only_candidate"
+        elif rec["shape"] != rec["shape_candidate"]:
+            status = "shape_mismatch"
+        else:
+            crow = ctl.index.iloc[int(r["c_pos"])]
+            drow = cand.index.iloc[int(r["d_pos"])]
+            res = _compare_rows(ctl, crow, cand, drow, dtype, atol, rtol)
+            vals = {f: getattr(res, f) for f in FIELDS}
+            vals["max_abs_index"] = list(res.max_abs_index) if res.max_abs_index is not None else None
+            status = "dtype_mismatch" if rec["dtype"] != rec["dtype_candidate"] else "ok"
+            if res.n_nonfinite_mismatch:
+                status = "nonfinite"
+            if aa_pos is not None and not _isnan(aa_pos[i]):
+                arow = rep.index.iloc[int(aa_pos[i])]
+                if list(arow["shape"]) == rec["shape"]:
+                    ares = _compare_rows(ctl, crow, rep, arow, dtype, atol, rtol)
+                    aa_val = float(getattr(ares, rule.metric))
+        rec.update(vals)
+        rec["aa"] = aa_val
+        threshold = rule.threshold if _isnan(aa_val) else max(rule.aa_factor * aa_val, rule.floor)
+        value = float(vals[rule.metric]) if not _isnan(vals[rule.metric]) else np.nan
+        exceeded = status in ("shape_mismatch", "nonfinite") or (
+            not _isnan(value) and value > threshold)
+        if exceeded and status in ("ok", "dtype_mismatch"):
+            status = "diverged" if status == "ok" else status
+        rec.update(value=value, threshold=float(threshold), exceeded=bool(exceeded), status=status)
+        records.append(rec)
+    table = pd.DataFrame.from_records(records)
+    if len(table):
+        table["_order"] = np.where(table["seq"] >= 0, table["seq"], table["seq_candidate"] + 10**12)
+        table = table.sort_values("_order", kind="stable").drop(columns="_order").reset_index(drop=True)
+    else:
+        table = pd.DataFrame(columns=[*keys, "seq", "status", *FIELDS, "aa", "metric", "value",
+                                      "threshold", "exceeded"])
+    return ComparisonResult(table, control=ctl, candidate=cand, aa=rep, rules=rl)
+
+
+def _isnan(x) -> bool:
+    return x is None or (isinstance(x, float) and math.isnan(x))
+
+
+def _compare_rows(ca: Capture, ra, cb: Capture, rb, dtype, atol, rtol):
+    a = ca.raw(ra)
+    b = cb.raw(rb)
+    a = _typed(a, ra["dtype"])
+    b = _typed(b, rb["dtype"])
+    return compare(a, b, dtype=dtype, atol=atol, rtol=rtol)
+
+
+def _typed(arr: np.ndarray, dtype: str):
+    """numpy arrays compare() understands: bf16 bits go through a torch view, no copy."""
+    if dtype in ("bf16", "fp8_e4m3", "fp8_e5m2"):
+        import torch
+
+        from workbench.capture.format import DTYPES
+        t = torch.from_numpy(arr)
+        return t.view(DTYPES[dtype][0]) if dtype == "bf16" else t.view(DTYPES[dtype][0]).float()
+    return arr
