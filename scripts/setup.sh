@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Set up the development environment: a virtual environment in .venv (unless one is active),
+# the CPU build of torch where no torch is installed, then the workbench with its dev extras.
+# Idempotent and quick when nothing changed.
+#   TORCH_SPEC       torch requirement installed when torch is missing (default: torch==2.13.0)
+#   TORCH_INDEX_URL  extra index to take torch from (for example PyTorch's CPU wheel index)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if [ -n "${VIRTUAL_ENV:-}" ]; then
+  PY="$VIRTUAL_ENV/bin/python"
+else
+  if [ ! -x .venv/bin/python ]; then
+    echo "setup: creating .venv"
+    "${PYTHON:-python3}" -m venv .venv
+  fi
+  PY=.venv/bin/python
+fi
+
+if ! "$PY" -c "import torch" >/dev/null 2>&1; then
+  spec="${TORCH_SPEC:-torch==2.13.0}"
+  echo "setup: installing $spec (CPU build)"
+  if [ -n "${TORCH_INDEX_URL:-}" ]; then
+    "$PY" -m pip install -q --extra-index-url "$TORCH_INDEX_URL" "$spec"
+  else
+    "$PY" -m pip install -q "$spec"
+  fi
+fi
+
+stamp="$(dirname "$PY")/../.workbench-setup"
+want="$(cat pyproject.toml | sha256sum | cut -d' ' -f1)"
+if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ] || ! "$PY" -c "import workbench" >/dev/null 2>&1; then
+  echo "setup: installing workbench[dev] (first run takes a minute or two)"
+  "$PY" -m pip install -q --upgrade pip >/dev/null
+  "$PY" -m pip install -q -e ".[dev]"
+  echo "$want" > "$stamp"
+fi
+echo "setup: ready ($("$PY" -c 'import sys, torch; print(f"python {sys.version.split()[0]}, torch {torch.__version__}")'))"

@@ -1,0 +1,157 @@
+"""The ``workbench`` command: inspect, verify, import and compare captures; regenerate samples."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from workbench.errors import WorkbenchError
+
+__all__ = ["main"]
+
+
+def _fmt_bytes(n: int) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if n < 1024 or unit == "TB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{n} B"
+        n /= 1024
+    return f"{n}"
+
+
+def cmd_inspect(args) -> int:
+    import pandas as pd
+
+    from workbench.capture import open_capture
+
+    cap = open_capture(args.capture)
+    print(f"capture  {cap.path}")
+    print(f"arm      {cap.arm}")
+    print(f"created  {cap.created}")
+    print(f"tensors  {len(cap)} in {len(cap.shards)} shard(s), {_fmt_bytes(cap.total_bytes)}")
+    idx = cap.index
+    if len(idx):
+        for f in ("rank", "step", "layer"):
+            vals = sorted(idx[f].unique().tolist())
+            span = f"{vals[0]}..{vals[-1]}" if len(vals) > 6 else ", ".join(map(str, vals))
+            print(f"{f:<8} {span} ({len(vals)})")
+    if cap.run:
+        print("run:")
+        for k, v in cap.run.items():
+            s = json.dumps(v) if not isinstance(v, str) else v
+            print(f"  {k}: {s if len(s) < 200 else s[:197] + '...'}")
+    with pd.option_context("display.width", 200, "display.max_rows", 200):
+        print()
+        print(cap.summary().to_string(index=False))
+    if args.keys:
+        with pd.option_context("display.width", 200, "display.max_rows", None):
+            print()
+            print(idx[["seq", "rank", "step", "layer", "op", "name", "dtype", "shape"]].to_string(index=False))
+    return 0
+
+
+def cmd_verify(args) -> int:
+    from workbench.capture import open_capture
+
+    cap = open_capture(args.capture)
+    report = cap.verify(raise_on_error=False)
+    print(report)
+    return 0 if report.ok else 1
+
+
+def cmd_import(args) -> int:
+    from workbench.capture.importers import import_capture
+
+    options = {}
+    for item in args.option or []:
+        k, sep, v = item.partition("=")
+        if not sep:
+            raise WorkbenchError(f"bad option {item!r}", key="--option", fix="write options as NAME=VALUE")
+        options[k] = v
+    if args.pattern:
+        options["pattern"] = args.pattern
+    cap = import_capture(args.kind, args.src, args.dst, arm=args.arm, **options)
+    print(f"imported {len(cap)} tensors into {cap.path} (arm {cap.arm})")
+    return 0
+
+
+def cmd_compare(args) -> int:
+    from workbench.analysis.compare import Rule, compare_captures
+
+    rules = []
+    for spec in args.rule or []:
+        # PATTERN:METRIC=THRESHOLD, e.g. "lm_head/*:rel_l2=1e-2"
+        pat, _, rest = spec.rpartition(":")
+        metric, _, thr = rest.partition("=")
+        try:
+            rules.append(Rule(pattern=pat or "*", metric=metric, threshold=float(thr)))
+        except ValueError:
+            raise WorkbenchError(f"bad --rule {spec!r}", key="--rule",
+                                 fix="write PATTERN:METRIC=THRESHOLD, e.g. 'lm_head/*:rel_l2=1e-2'") from None
+    res = compare_captures(args.control, args.candidate, aa=args.aa, rules=rules or None, dtype=args.dtype)
+    print(res.report(rows=args.rows))
+    if args.json:
+        Path(args.json).write_text(json.dumps(res.to_dict(), indent=1, default=str))
+        print(f"\nwrote {args.json}")
+    return 1 if res.first_divergence() is not None else 0
+
+
+def cmd_samples(args) -> int:
+    from workbench.models.sample import write_samples
+
+    paths = write_samples(args.out, overwrite=True)
+    for p in paths:
+        print(f"wrote {p}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="workbench", description=__doc__)
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    s = sub.add_parser("inspect", help="show what a capture holds")
+    s.add_argument("capture")
+    s.add_argument("--keys", action="store_true", help="list every tensor key")
+    s.set_defaults(func=cmd_inspect)
+
+    s = sub.add_parser("verify", help="check every shard's size and sha256")
+    s.add_argument("capture")
+    s.set_defaults(func=cmd_verify)
+
+    s = sub.add_parser("import", help="turn another engine's dump into a capture")
+    s.add_argument("kind", help="importer name (sglang, folder, ...)")
+    s.add_argument("src")
+    s.add_argument("dst")
+    s.add_argument("--arm", default=None)
+    s.add_argument("--pattern", default=None, help="folder importer: e.g. 'rank{rank}/step{step}/{op}.{layer}.{name}.pt'")
+    s.add_argument("-o", "--option", action="append", help="importer option NAME=VALUE (repeatable)")
+    s.set_defaults(func=cmd_import)
+
+    s = sub.add_parser("compare", help="compare two captures and report the first divergence")
+    s.add_argument("control")
+    s.add_argument("candidate")
+    s.add_argument("--aa", default=None, help="an A/A repeat of the control: per-key noise thresholds")
+    s.add_argument("--rule", action="append", help="PATTERN:METRIC=THRESHOLD (repeatable, first match wins)")
+    s.add_argument("--dtype", default=None, help="ULP format (bf16, fp16, fp32, fp64)")
+    s.add_argument("--json", default=None, help="write the full result as JSON")
+    s.add_argument("--rows", type=int, default=20, help="rows of the table to print")
+    s.set_defaults(func=cmd_compare)
+
+    s = sub.add_parser("samples", help="regenerate the bundled sample captures")
+    s.add_argument("--out", default="captures")
+    s.set_defaults(func=cmd_samples)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except WorkbenchError as e:
+        print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Small models built to produce the bundled captures."""
