@@ -1,0 +1,70 @@
+// CPU build of the GDN kernels: the recurrence step by step and the chunked form, both from the
+// element code in gdn_common.h. Called through ctypes by workbench/kernels/gdn/ext.py.
+#include <vector>
+
+#include "gdn/gdn_common.h"
+
+namespace {
+
+template <typename Acc>
+void recurrent(const float* q, const float* k, const float* v, const float* g, const float* beta,
+               float* o, float* state, int B, int T, int H, int HV, int K, int V, float scale) {
+  std::vector<Acc> kv(V), ov(V), u(V);
+  for (int b = 0; b < B; ++b)
+    for (int hv = 0; hv < HV; ++hv) {
+      const int h = hv / (HV / H);
+      float* S = state + gdn::state_index(b, hv, HV, K, V);
+      for (int t = 0; t < T; ++t) {
+        const float* kt = k + gdn::qk_index(b, t, h, T, H, K);
+        const float* qt = q + gdn::qk_index(b, t, h, T, H, K);
+        const float* vt = v + gdn::v_index(b, t, hv, T, HV, V);
+        const Acc decay = gdn::expo<Acc>((Acc)g[gdn::gate_index(b, t, hv, T, HV)]);
+        const Acc bt = (Acc)beta[gdn::gate_index(b, t, hv, T, HV)];
+        for (int c = 0; c < V; ++c) kv[c] = 0, ov[c] = 0;
+        for (int kk = 0; kk < K; ++kk)
+          for (int c = 0; c < V; ++c) kv[c] += (Acc)S[kk * V + c] * (Acc)kt[kk];
+        for (int c = 0; c < V; ++c) u[c] = gdn::delta_u<Acc>(bt, (Acc)vt[c], decay, kv[c]);
+        for (int kk = 0; kk < K; ++kk)
+          for (int c = 0; c < V; ++c) {
+            const float s = gdn::state_update<Acc>(S[kk * V + c], decay, kt[kk], u[c]);
+            S[kk * V + c] = s;
+            ov[c] += (Acc)s * (Acc)qt[kk];
+          }
+        float* ot = o + gdn::v_index(b, t, hv, T, HV, V);
+        for (int c = 0; c < V; ++c) ot[c] = (float)((Acc)scale * ov[c]);
+      }
+    }
+}
+
+template <typename Acc>
+void chunked(const float* q, const float* k, const float* v, const float* g, const float* beta,
+             float* o, float* state, int B, int T, int H, int HV, int K, int V, float scale, int C) {
+  std::vector<float> scratch(gdn::chunk_scratch_floats(C, K, V));
+  auto nosync = [] {};
+  for (int b = 0; b < B; ++b)
+    for (int hv = 0; hv < HV; ++hv)
+      gdn::chunked_tile<Acc>(q, k, v, g, beta, o, state, T, H, HV, K, V, scale, C, b, hv, 0, V,
+                             0, 1, nosync, scratch.data());
+}
+
+}  // namespace
+
+extern "C" {
+
+int gdn_recurrent_cpu(const float* q, const float* k, const float* v, const float* g,
+                      const float* beta, float* o, float* state, int B, int T, int H, int HV,
+                      int K, int V, float scale, int acc64) {
+  if (acc64) recurrent<double>(q, k, v, g, beta, o, state, B, T, H, HV, K, V, scale);
+  else recurrent<float>(q, k, v, g, beta, o, state, B, T, H, HV, K, V, scale);
+  return 0;
+}
+
+int gdn_chunked_cpu(const float* q, const float* k, const float* v, const float* g,
+                    const float* beta, float* o, float* state, int B, int T, int H, int HV, int K,
+                    int V, float scale, int C, int acc64) {
+  if (acc64) chunked<double>(q, k, v, g, beta, o, state, B, T, H, HV, K, V, scale, C);
+  else chunked<float>(q, k, v, g, beta, o, state, B, T, H, HV, K, V, scale, C);
+  return 0;
+}
+
+}  // extern "C"

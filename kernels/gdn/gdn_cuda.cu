@@ -1,0 +1,140 @@
+// CUDA build of the GDN kernels. The chunked prefill runs the same element code as the CPU build
+// (gdn::chunked_tile, one block per (b, hv, tile of 32 value columns), scratch in shared memory);
+// the recurrence (prefill and batched decode, T = 1) keeps the state in registers: a block of
+// 4 warps owns 32 value columns (one per lane, so state loads are coalesced rows) and each warp
+// one quarter of the K rows; partial dot products meet in shared memory.
+#include <cuda_runtime.h>
+
+#include "gdn/gdn_common.h"
+
+namespace {
+
+constexpr int kLanes = 32;
+constexpr int kSlices = 4;
+
+struct BlockSync {
+  __device__ __forceinline__ void operator()() const { __syncthreads(); }
+};
+
+template <int K, typename Acc>
+__global__ void __launch_bounds__(kLanes * kSlices)
+recurrent_kernel(const float* __restrict__ q, const float* __restrict__ k,
+                 const float* __restrict__ v, const float* __restrict__ g,
+                 const float* __restrict__ beta, float* __restrict__ o, float* __restrict__ state,
+                 int T, int H, int HV, int V, float scale) {
+  constexpr int RK = K / kSlices;
+  __shared__ float ks[K], qs[K];
+  __shared__ Acc red[kSlices][kLanes];
+  const int b = blockIdx.x / HV, hv = blockIdx.x % HV, h = hv / (HV / H);
+  const int lane = threadIdx.x % kLanes, w = threadIdx.x / kLanes;
+  const int c = blockIdx.y * kLanes + lane;
+  const bool active = c < V;
+  float* st = state + gdn::state_index(b, hv, HV, K, V) + (long)w * RK * V + c;
+  float s[RK];
+#pragma unroll
+  for (int i = 0; i < RK; ++i) s[i] = active ? st[(long)i * V] : 0.f;
+  for (int t = 0; t < T; ++t) {
+    for (int i = threadIdx.x; i < K; i += kLanes * kSlices) {
+      ks[i] = k[gdn::qk_index(b, t, h, T, H, K) + i];
+      qs[i] = q[gdn::qk_index(b, t, h, T, H, K) + i];
+    }
+    const Acc decay = gdn::expo<Acc>((Acc)g[gdn::gate_index(b, t, hv, T, HV)]);
+    const Acc bt = (Acc)beta[gdn::gate_index(b, t, hv, T, HV)];
+    const Acc vi = active ? (Acc)v[gdn::v_index(b, t, hv, T, HV, V) + c] : Acc(0);
+    __syncthreads();
+    Acc p = 0;
+#pragma unroll
+    for (int i = 0; i < RK; ++i) p += (Acc)s[i] * (Acc)ks[w * RK + i];
+    red[w][lane] = p;
+    __syncthreads();
+    Acc kv = 0;
+#pragma unroll
+    for (int j = 0; j < kSlices; ++j) kv += red[j][lane];
+    const Acc u = gdn::delta_u<Acc>(bt, vi, decay, kv);
+    Acc po = 0;
+#pragma unroll
+    for (int i = 0; i < RK; ++i) {
+      s[i] = gdn::state_update<Acc>(s[i], decay, ks[w * RK + i], u);
+      po += (Acc)s[i] * (Acc)qs[w * RK + i];
+    }
+    __syncthreads();
+    red[w][lane] = po;
+    __syncthreads();
+    if (w == 0 && active) {
+      Acc acc = 0;
+#pragma unroll
+      for (int j = 0; j < kSlices; ++j) acc += red[j][lane];
+      o[gdn::v_index(b, t, hv, T, HV, V) + c] = (float)((Acc)scale * acc);
+    }
+  }
+  if (active) {
+#pragma unroll
+    for (int i = 0; i < RK; ++i) st[(long)i * V] = s[i];
+  }
+}
+
+template <typename Acc>
+__global__ void chunked_kernel(const float* q, const float* k, const float* v, const float* g,
+                               const float* beta, float* o, float* state, int T, int H, int HV,
+                               int K, int V, float scale, int C, int BV) {
+  extern __shared__ float smem[];
+  const int b = blockIdx.x / HV, hv = blockIdx.x % HV;
+  gdn::chunked_tile<Acc>(q, k, v, g, beta, o, state, T, H, HV, K, V, scale, C, b, hv,
+                         blockIdx.y * BV, BV, threadIdx.x, blockDim.x, BlockSync{}, smem);
+}
+
+template <typename Acc>
+int launch_recurrent(const float* q, const float* k, const float* v, const float* g,
+                     const float* beta, float* o, float* state, int B, int T, int H, int HV, int K,
+                     int V, float scale, cudaStream_t stream) {
+  const dim3 grid(B * HV, (V + kLanes - 1) / kLanes), block(kLanes * kSlices);
+#define GDN_CASE(KK)                                                                    \
+  case KK:                                                                              \
+    recurrent_kernel<KK, Acc><<<grid, block, 0, stream>>>(q, k, v, g, beta, o, state, T, H, HV, V, \
+                                                          scale);                       \
+    break;
+  switch (K) {
+    GDN_CASE(16) GDN_CASE(32) GDN_CASE(64) GDN_CASE(128) GDN_CASE(256)
+    default: return -1;
+  }
+#undef GDN_CASE
+  return (int)cudaGetLastError();
+}
+
+template <typename Acc>
+int launch_chunked(const float* q, const float* k, const float* v, const float* g,
+                   const float* beta, float* o, float* state, int B, int T, int H, int HV, int K,
+                   int V, float scale, int C, cudaStream_t stream) {
+  const int BV = V < kLanes ? V : kLanes;
+  const size_t smem = sizeof(float) * gdn::chunk_scratch_floats(C, K, BV);
+  cudaError_t err = cudaFuncSetAttribute(chunked_kernel<Acc>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+  if (err != cudaSuccess) return (int)err;
+  const dim3 grid(B * HV, (V + BV - 1) / BV), block(128);
+  chunked_kernel<Acc><<<grid, block, smem, stream>>>(q, k, v, g, beta, o, state, T, H, HV, K, V,
+                                                     scale, C, BV);
+  return (int)cudaGetLastError();
+}
+
+}  // namespace
+
+extern "C" {
+
+// Returns 0 or a cudaError_t code; -1: K not in {16, 32, 64, 128, 256}.
+int gdn_recurrent_cuda(const float* q, const float* k, const float* v, const float* g,
+                       const float* beta, float* o, float* state, int B, int T, int H, int HV,
+                       int K, int V, float scale, int acc64, void* stream) {
+  auto s = static_cast<cudaStream_t>(stream);
+  return acc64 ? launch_recurrent<double>(q, k, v, g, beta, o, state, B, T, H, HV, K, V, scale, s)
+               : launch_recurrent<float>(q, k, v, g, beta, o, state, B, T, H, HV, K, V, scale, s);
+}
+
+int gdn_chunked_cuda(const float* q, const float* k, const float* v, const float* g,
+                     const float* beta, float* o, float* state, int B, int T, int H, int HV, int K,
+                     int V, float scale, int C, int acc64, void* stream) {
+  auto s = static_cast<cudaStream_t>(stream);
+  return acc64 ? launch_chunked<double>(q, k, v, g, beta, o, state, B, T, H, HV, K, V, scale, C, s)
+               : launch_chunked<float>(q, k, v, g, beta, o, state, B, T, H, HV, K, V, scale, C, s);
+}
+
+}  // extern "C"

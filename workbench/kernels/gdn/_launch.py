@@ -1,0 +1,49 @@
+"""Shared launcher plumbing of the compiled backends (numba, ext): policy checks and the float32
+staging of inputs that their kernels read."""
+
+from __future__ import annotations
+
+import torch
+
+from workbench.errors import KernelArgumentError
+from workbench.kernels.gdn._checks import check_gdn, l2norm, resolve_chunk
+from workbench.numerics.dtypes import torch_dtype
+from workbench.numerics.policy import resolve_policy
+
+__all__ = ["stage"]
+
+
+def stage(backend, q, k, v, g, beta, scale, initial_state, qk_l2norm, policy, chunk_size=None,
+          max_chunk=None):
+    """Check arguments and policy; return (shape, policy, chunk, float32 contiguous tensors, out dtype).
+
+    The kernels read float32: q, k, v and beta are materialized in ``policy.input_dtype`` first
+    (when set) and then widened; the L2 norm of q and k is applied here, in float32.
+    """
+    s = check_gdn(q, k, v, g, beta, scale, initial_state)
+    p = resolve_policy(policy)
+    if p.state_dtype != "fp32":
+        raise KernelArgumentError(
+            f"policy.state_dtype: expected 'fp32' for backend {backend!r} (its kernels keep the "
+            f"state in float32), got {p.state_dtype!r}", key="policy",
+            fix="use backend='torch' to emulate a bf16/fp16 state")
+    C = resolve_chunk(chunk_size, p)
+    if max_chunk is not None and C > max_chunk:
+        raise KernelArgumentError(f"chunk_size: expected at most {max_chunk} for backend "
+                                  f"{backend!r}, got {C}", key="chunk_size",
+                                  fix=f"pass chunk_size <= {max_chunk}")
+    inp = torch_dtype(p.input_dtype) if p.input_dtype else None
+    out = torch_dtype(p.output_dtype) if p.output_dtype else v.dtype
+
+    def f32(x):
+        if inp is not None:
+            x = x.to(inp)
+        return x.to(torch.float32).contiguous()
+
+    q, k, v, beta = (f32(x) for x in (q, k, v, beta))
+    if qk_l2norm:
+        q, k = l2norm(q).contiguous(), l2norm(k).contiguous()
+    g = g.to(torch.float32).contiguous()
+    state = (torch.zeros(s.B, s.HV, s.K, s.V, dtype=torch.float32, device=q.device)
+             if initial_state is None else initial_state.to(torch.float32).clone().contiguous())
+    return s, p, C, (q, k, v, g, beta), state, out
