@@ -58,7 +58,7 @@ def numel(shape) -> int:
 
 def safe_join(root: Path, rel: str, *, what: str) -> Path:
     """``root/rel``, refusing absolute paths and paths that leave ``root``."""
-    if not isinstance(rel, str) or not rel:
+    if not isinstance(rel, str) or not rel or "\x00" in rel:
         raise ManifestError(f"{what} path must be a non-empty string, got {rel!r}", file=root / MANIFEST,
                             fix="repair the manifest or re-capture")
     p = Path(rel)
