@@ -105,7 +105,7 @@ class ComparisonResult:
     # -- queries -----------------------------------------------------------------------------
     def divergent(self, *, include_missing: bool = False) -> pd.DataFrame:
         """Rows beyond their threshold (and structural mismatches), in causal order."""
-        m = self.table["exceeded"].to_numpy(dtype=bool)
+        m = self.table["exceeded"].to_numpy(dtype=bool, copy=True)
         if include_missing:
             m |= self.table["status"].isin(["only_control", "only_candidate"]).to_numpy()
         return self.table[m]
@@ -212,9 +212,9 @@ def compare_captures(control, candidate, *, aa=None, rules=None, dtype=None,
     ComparisonResult; ``.first_divergence()`` is the first key in causal (seq) order beyond its
     threshold. Missing keys, shape and dtype mismatches are rows with a status, never errors.
     """
+    rl = _as_rules(rules)
     ctl, cand = _open(control), _open(candidate)
     rep = _open(aa) if aa is not None else None
-    rl = _as_rules(rules)
     if filters:
         ctl, cand = ctl.select(**filters), cand.select(**filters)
         rep = rep.select(**filters) if rep is not None else None

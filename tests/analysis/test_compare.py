@@ -1,0 +1,102 @@
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from workbench.analysis.compare import Rule, compare_captures
+from workbench.capture import CaptureWriter, open_capture
+from workbench.errors import WorkbenchError
+
+
+def run(path, *, noise=0.0, bad_layer=None, seed=0, drop=None, reshape=None, nan_layer=None, dtype_layer=None):
+    """A toy 2-step, 4-layer run; the candidate options plant one known defect."""
+    g = torch.Generator().manual_seed(seed)
+    with CaptureWriter(path, arm=path.name) as w:
+        x = torch.randn(64, generator=torch.Generator().manual_seed(1))
+        for step in range(2):
+            for layer in range(4):
+                x = torch.tanh(1.1 * x + 0.1)
+                if noise:
+                    x = x + noise * torch.randn(64, generator=g)
+                if layer == bad_layer and step == 0:
+                    x = x.bfloat16().float()
+                out = x
+                if (layer, step) == nan_layer:
+                    out = x.clone(); out[5] = float("nan")
+                if (layer, step) == reshape:
+                    out = x.view(8, 8)
+                if (layer, step) == dtype_layer:
+                    out = x.double()
+                if (layer, step) != drop:
+                    w.add(out, step=step, layer=layer, op="mlp", name="output")
+                w.add(torch.tensor(float(layer)), step=step, layer=layer, op="mlp", name="id")
+    return path
+
+
+@pytest.fixture
+def arms(tmp_path):
+    return dict(
+        control=run(tmp_path / "control"),
+        aa=run(tmp_path / "aa", noise=1e-7, seed=3),
+        cand=run(tmp_path / "cand", noise=1e-7, bad_layer=2, seed=4),
+    )
+
+
+def test_first_divergence_with_aa_noise(arms):
+    r = compare_captures(arms["control"], arms["cand"], aa=arms["aa"])
+    fd = r.first_divergence()
+    assert (fd["step"], fd["layer"], fd["op"], fd["name"]) == (0, 2, "mlp", "output")
+    assert fd["status"] == "diverged" and fd["value"] > fd["threshold"] == pytest.approx(4 * fd["aa"])
+    # layers before it carry only noise comparable to the A/A repeat
+    before = r.table[(r.table["seq"] < fd["seq"]) & (r.table["name"] == "output")]
+    assert len(before) == 2 and not before["exceeded"].any()
+    assert "first divergence: rank=0 step=0 layer=2 op=mlp name=output" in r.report()
+
+
+def test_without_aa_uses_rule_thresholds(arms):
+    r = compare_captures(arms["control"], arms["aa"])
+    assert r.first_divergence() is None  # 1e-7 noise is below the default rel_l2 1e-3
+    r = compare_captures(arms["control"], arms["aa"], rules=[Rule("mlp/output", threshold=1e-9)])
+    assert r.first_divergence()["layer"] == 0
+    r = compare_captures(arms["control"], arms["aa"], rules={"pattern": "layer0/*", "metric": "max_abs",
+                                                             "threshold": 1e-9})
+    assert r.first_divergence()["layer"] == 0 and r.first_divergence()["metric"] == "max_abs"
+
+
+def test_identical_runs_never_diverge(arms):
+    r = compare_captures(arms["control"], arms["control"], aa=arms["control"])
+    assert r.first_divergence() is None and set(r.table["status"]) == {"ok"}
+    assert (r.table["n_diff"] == 0).all()
+
+
+def test_structural_mismatches_are_rows_not_crashes(arms, tmp_path):
+    cand = run(tmp_path / "odd", drop=(1, 0), reshape=(3, 0), nan_layer=(2, 1), dtype_layer=(0, 1))
+    r = compare_captures(arms["control"], cand)
+    st = r.table.set_index(["step", "layer", "name"])["status"]
+    assert st[(0, 1, "output")] == "only_control"
+    assert st[(0, 3, "output")] == "shape_mismatch"
+    assert st[(1, 2, "output")] == "nonfinite"
+    assert st[(1, 0, "output")] == "dtype_mismatch"
+    fd = r.first_divergence()
+    assert (fd["step"], fd["layer"]) == (0, 3)  # missing keys do not count by default
+    assert (r.first_divergence(include_missing=True)["layer"]) == 1
+    assert len(r.only_control) == 1 and len(r.only_candidate) == 0
+    reverse = compare_captures(cand, arms["control"])
+    assert len(reverse.only_candidate) == 1 and reverse.table["status"].iloc[-1] == "only_candidate"
+
+
+def test_views_and_json(arms):
+    r = compare_captures(arms["control"], arms["cand"], aa=arms["aa"], op="mlp", name="output")
+    ds = r.to_xarray()
+    assert ds.sizes["key"] == 8 and set(ds["layer"].values) == {0, 1, 2, 3}
+    assert json.loads(ds.attrs["rules"]) == []
+    d = json.loads(json.dumps(r.to_dict()))
+    assert d["first_divergence"]["layer"] == 2 and len(d["rows"]) == 8
+
+
+def test_bad_rules():
+    with pytest.raises(WorkbenchError, match="Rule.metric must be one of"):
+        Rule(metric="cosine")
+    with pytest.raises(WorkbenchError, match="bad rule"):
+        compare_captures("unused", "unused", rules=[{"pattern": "*", "thresh": 1}])

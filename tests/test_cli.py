@@ -1,0 +1,47 @@
+import json
+import subprocess
+import sys
+
+import torch
+
+from workbench.capture import CaptureWriter
+from workbench.cli import main
+
+
+def _cap(p, scale=1.0):
+    with CaptureWriter(p, arm=p.name, run={"what": "test"}) as w:
+        for layer in range(3):
+            w.add(torch.ones(4) * (scale if layer == 2 else 1.0), layer=layer, op="mlp", name="output")
+    return str(p)
+
+
+def test_compare_exit_codes_and_json(tmp_path, capsys):
+    a = _cap(tmp_path / "a")
+    b = _cap(tmp_path / "b", scale=1.5)
+    assert main(["compare", a, a]) == 0
+    assert "no divergence" in capsys.readouterr().out
+    assert main(["compare", a, b, "--json", str(tmp_path / "r.json")]) == 1
+    out = capsys.readouterr().out
+    assert "first divergence: rank=0 step=0 layer=2 op=mlp name=output" in out
+    assert json.loads((tmp_path / "r.json").read_text())["first_divergence"]["layer"] == 2
+    assert main(["compare", a, b, "--rule", "mlp/*:max_abs=1.0"]) == 0
+
+
+def test_inspect_verify_and_errors(tmp_path, capsys):
+    a = _cap(tmp_path / "a")
+    assert main(["inspect", a, "--keys"]) == 0
+    out = capsys.readouterr().out
+    assert "tensors  3 in 1 shard(s)" in out and "what: test" in out
+    assert main(["verify", a]) == 0
+    shard = tmp_path / "a" / "shard-00000.safetensors"
+    shard.write_bytes(shard.read_bytes()[:-1] + b"\x00")
+    assert main(["verify", a]) == 1
+    assert "sha256 mismatch" in capsys.readouterr().out
+    assert main(["inspect", str(tmp_path / "missing")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: IncompleteCaptureError") and "fix:" in err
+
+
+def test_console_script_is_installed(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "workbench.cli", "--help"], capture_output=True, text=True)
+    assert proc.returncode == 0 and "compare" in proc.stdout
