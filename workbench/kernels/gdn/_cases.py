@@ -31,3 +31,20 @@ def make_inputs(B=1, T=8, H=1, HV=2, K=8, V=8, *, dtype=torch.float32, state=Fal
 
 def case_id(B, T, H, HV, K, V, dtype="fp32", state=False) -> str:
     return f"B{B}-T{T}-H{H}-HV{HV}-K{K}-V{V}-{dtype}" + ("-state" if state else "")
+
+
+def selfcheck(backend: str, op: str, B, T, H, HV, K, V, state=True, chunk_size=None, seed=0):
+    """Run one op of ``backend`` on a random problem; return rel L2 of o and state vs the oracle.
+
+    JSON in, JSON out, so that it can run in a subprocess (the numba CUDA simulator test).
+    """
+    import workbench
+    from workbench.kernels import gdn
+    from workbench.kernels.gdn import oracle
+
+    x = make_inputs(B, T, H, HV, K, V, state=state, seed=seed)
+    ref_o, ref_s = oracle.recurrent(**x, qk_l2norm=True)
+    kw = {"chunk_size": chunk_size} if op == "chunked" else {}
+    o, s = getattr(gdn, op)(**x, qk_l2norm=True, backend=backend, **kw)
+    return {"o": workbench.compare(ref_o, o).rel_l2, "state": workbench.compare(ref_s, s).rel_l2,
+            "dtype": str(o.dtype)}
