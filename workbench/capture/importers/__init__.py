@@ -1,0 +1,14 @@
+"""Capture importers: turn other engines' dumps into workbench captures.
+
+Built in: ``sglang`` (SGLang's dumper), ``folder`` (files named by a pattern) and ``flashinfer``
+(FlashInfer API-logging dumps). Third parties add importers through the ``workbench.importers``
+entry-point group or :func:`register_importer`. See docs/capturing.md.
+"""
+
+from workbench.capture.importers.base import (
+    ENTRY_POINT_GROUP, Importer, ImporterInfo, ImporterWarning, get_importer, import_capture, importers,
+    register_importer,
+)
+
+__all__ = ["ENTRY_POINT_GROUP", "Importer", "ImporterInfo", "ImporterWarning", "get_importer",
+           "import_capture", "importers", "register_importer"]

@@ -1,0 +1,204 @@
+"""Importer base class and registry (built-ins plus the ``workbench.importers`` entry points)."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import os
+import warnings
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import Any, ClassVar
+
+from workbench.errors import ImporterError
+
+__all__ = ["Importer", "ImporterInfo", "ImporterWarning", "ENTRY_POINT_GROUP", "register_importer",
+           "importers", "get_importer", "import_capture"]
+
+ENTRY_POINT_GROUP = "workbench.importers"
+
+# Built-ins are named by dotted path so that listing importers does not import torch-heavy code.
+_BUILTIN = {
+    "sglang": "workbench.capture.importers.sglang:SGLangImporter",
+    "folder": "workbench.capture.importers.folder:FolderImporter",
+}
+
+
+class ImporterWarning(UserWarning):
+    """An importer plugin could not be loaded (the message says why)."""
+
+
+class Importer:
+    """Base class of capture importers: turn a foreign dump ``src`` into a capture at ``dst``.
+
+    Subclasses set :attr:`name` and :attr:`description` and implement :meth:`run`, with their
+    options as keyword-only arguments (``import_capture`` checks option names against that
+    signature and lists the valid ones on a typo). A plugin whose dependencies are missing
+    overrides :meth:`is_available` to say why instead of failing on import.
+
+    Example
+    -------
+    >>> class MyImporter(Importer):                                       # doctest: +SKIP
+    ...     name = "mine"
+    ...     description = "one .bin per tensor"
+    ...     def run(self, src, dst, *, arm=None, run=None, overwrite=False):
+    ...         with CaptureWriter(dst, arm=arm or "imported", run=run) as w: ...
+    ...         return Path(dst)
+    >>> register_importer("mine", MyImporter)                            # doctest: +SKIP
+    """
+
+    name: ClassVar[str] = ""
+    description: ClassVar[str] = ""
+
+    @classmethod
+    def is_available(cls) -> tuple[bool, str]:
+        """(True, "") when the importer can run here, else (False, reason)."""
+        return True, ""
+
+    def run(self, src: str | os.PathLike, dst: str | os.PathLike, *, arm: str | None = None,
+            run: dict | None = None, **options: Any) -> Path:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class ImporterInfo:
+    """One row of :func:`importers`: whether the importer loads, and why not."""
+
+    name: str
+    description: str
+    available: bool
+    reason: str
+    source: str  # "builtin", "registered" or "entry point <module:attr>"
+
+
+# name -> (target, source); a target is a class or a "module:attr" string loaded on first use
+_registry: dict[str, tuple[Any, str]] = {n: (t, "builtin") for n, t in _BUILTIN.items()}
+_entry_points_loaded = False
+
+
+def register_importer(name: str, cls: type[Importer] | str, *, replace: bool = False) -> None:
+    """Register an importer class (or a ``"module:Class"`` path) under ``name``."""
+    if not isinstance(name, str) or not name.isidentifier():
+        raise ImporterError(f"importer name must be an identifier, got {name!r}", key=name,
+                            fix="use a short name such as 'myengine'")
+    if not isinstance(cls, str) and not (isinstance(cls, type) and issubclass(cls, Importer)):
+        raise ImporterError(f"importer {name!r} must be an Importer subclass or 'module:Class', got {cls!r}",
+                            key=name, fix="subclass workbench.capture.importers.Importer")
+    if name in _registry and not replace and _registry[name][0] is not cls:
+        raise ImporterError(f"an importer named {name!r} is already registered ({_registry[name][1]})",
+                            key=name, fix="choose another name or pass replace=True")
+    _registry[name] = (cls, "registered")
+
+
+def _load_entry_points() -> None:
+    global _entry_points_loaded
+    if _entry_points_loaded:
+        return
+    _entry_points_loaded = True
+    try:
+        eps = metadata.entry_points(group=ENTRY_POINT_GROUP)
+    except Exception as e:  # a broken distribution's metadata must not break the workbench
+        warnings.warn(f"could not list {ENTRY_POINT_GROUP!r} entry points: {type(e).__name__}: {e}",
+                      ImporterWarning, stacklevel=3)
+        return
+    for ep in eps:
+        current = _registry.get(ep.name)
+        if current is not None:
+            if current[0] != ep.value and not (isinstance(current[0], type)
+                                               and f"{current[0].__module__}:{current[0].__qualname__}" == ep.value):
+                warnings.warn(f"importer entry point {ep.name!r} = {ep.value!r} is ignored: the name is already "
+                              f"taken by {current[1]} importer {current[0]!r}", ImporterWarning, stacklevel=3)
+            continue
+        _registry[ep.name] = (ep.value, f"entry point {ep.value}")
+
+
+def _resolve(name: str) -> type[Importer]:
+    """Load the class registered as ``name``; raises ImporterError saying why it cannot load."""
+    target, source = _registry[name]
+    if isinstance(target, str):
+        mod, _, attr = target.partition(":")
+        try:
+            obj = importlib.import_module(mod)
+            for part in attr.split("."):
+                obj = getattr(obj, part)
+        except Exception as e:
+            raise ImporterError(f"importer {name!r} ({source}) failed to load: {type(e).__name__}: {e}",
+                                key=name, fix="install the plugin's dependencies or uninstall the plugin") from e
+        if not (isinstance(obj, type) and issubclass(obj, Importer)):
+            raise ImporterError(f"importer {name!r} ({source}) is {obj!r}, not an Importer subclass", key=name,
+                                fix="the plugin's entry point must name a workbench Importer subclass")
+        _registry[name] = (obj, source)
+        return obj
+    return target
+
+
+def importers() -> list[ImporterInfo]:
+    """All known importers with their description and availability (never raises).
+
+    An importer that fails to load is listed as unavailable, with the reason, and a warning.
+    """
+    _load_entry_points()
+    out = []
+    for name in sorted(_registry):
+        source = _registry[name][1]
+        try:
+            cls = _resolve(name)
+        except ImporterError as e:
+            warnings.warn(e.message, ImporterWarning, stacklevel=2)
+            out.append(ImporterInfo(name, "", False, e.message, source))
+            continue
+        try:
+            ok, reason = cls.is_available()
+        except Exception as e:
+            ok, reason = False, f"is_available() raised {type(e).__name__}: {e}"
+        out.append(ImporterInfo(name, cls.description, bool(ok), reason, source))
+    return out
+
+
+def get_importer(kind: str) -> Importer:
+    """An instance of the importer registered as ``kind``."""
+    _load_entry_points()
+    if kind not in _registry:
+        raise ImporterError(f"unknown importer {kind!r}; valid kinds are {', '.join(sorted(_registry))}",
+                            key=kind, fix=f"use one of {sorted(_registry)}, or register a plugin in the "
+                                          f"{ENTRY_POINT_GROUP!r} entry-point group")
+    cls = _resolve(kind)
+    ok, reason = cls.is_available()
+    if not ok:
+        raise ImporterError(f"importer {kind!r} cannot run here: {reason}", key=kind,
+                            fix="install what the reason names")
+    return cls()
+
+
+def import_capture(kind: str, src: str | os.PathLike, dst: str | os.PathLike, **options: Any):
+    """Import a foreign dump ``src`` into a new capture at ``dst`` and open it.
+
+    Parameters
+    ----------
+    kind: importer name (``sglang``, ``folder``, ``flashinfer`` or a plugin; see :func:`importers`)
+    src: the dump (a directory)
+    dst: the capture directory to create
+    options: ``arm=``, ``run=`` and the importer's own keyword options
+
+    Returns
+    -------
+    Capture
+
+    Example
+    -------
+    >>> cap = import_capture("folder", "dumps/", "cap/", arm="control",            # doctest: +SKIP
+    ...                      pattern="rank{rank}/step{step}/{op}.{layer}.{name}.pt")
+    """
+    from workbench.capture.reader import open_capture
+
+    imp = get_importer(kind)
+    sig = inspect.signature(imp.run)
+    if not any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values()):
+        valid = [n for n, p in sig.parameters.items() if p.kind is p.KEYWORD_ONLY]
+        bad = sorted(set(options) - set(valid))
+        if bad:
+            raise ImporterError(f"importer {kind!r} has no option(s) {bad}; valid options are {valid}",
+                                key=kind, fix=f"pass only {valid}")
+    path = imp.run(src, dst, **options)
+    return open_capture(path)

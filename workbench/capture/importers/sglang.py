@@ -1,0 +1,282 @@
+"""Import a folder written by SGLang's dumper (``sglang.srt.debug_utils.dumper``).
+
+File names
+----------
+One ``.pt`` per dumped tensor, named by its fields joined with ``___``::
+
+    step=3___rank=1___dump_index=42___name=layer_start__hidden_states___layer_id=7.pt   (current)
+    forward_pass_id=3___name=attn_out___layer_id=7.pt                                    (older)
+
+Older dumps keep each rank in its own folder ``sglang_dump_<time>_<rank>/`` and hold a bare
+tensor; current ones hold ``{"value": tensor, "meta": {...}}``. Files may sit in any subfolder.
+Keys are identifiers starting with a letter; a value runs up to the next ``___key=`` (so values
+may hold dots, ``=``, single or double underscores, but not ``___`` followed by ``word=``).
+
+Mapping to capture keys
+-----------------------
+* step: ``step``, else ``forward_pass_id``, else 0; rank: ``rank``, else the ``_<rank>`` suffix of
+  an ``sglang_dump_*`` folder, else 0; layer: ``layer_id``, else a ``layers.<i>`` component of a
+  dotted name, else -1.
+* op and name from the dumped name (``non_intrusive__`` prefixes dropped, ``__`` separates
+  qualifiers from the last part):
+
+  ========================================  ======  ======================  =================
+  dumped name                               layer   op                      name
+  ========================================  ======  ======================  =================
+  ``model.layers.3.self_attn.o_proj.output``  3     ``self_attn.o_proj``    ``output``
+  ``non_intrusive__model.layers.3.mlp.inputs.0`` 3  ``mlp``                 ``inputs.0``
+  ``grad__model.layers.3.mlp.output``         3     ``mlp``                 ``grad.output``
+  ``lm_head.output``                          -1    ``lm_head``             ``output``
+  ``layer_start__hidden_states``              id    ``layer_start``         ``hidden_states``
+  ``logits``                                  id    ``logits``              ``value``
+  ========================================  ======  ======================  =================
+
+  ``mapper(dumped_name, fields) -> (layer, op, name)`` replaces this rule.
+* seq (causal order): sorted by step, then ``dump_index`` (the dumper's own counter; files without
+  one by modification time), then rank, then path.
+* tags: every other field of the name (``dump_index``, ``recompute_status``, ``tp_rank``...), the
+  scalar entries of ``meta``, and ``dump_name`` (the original name).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections import defaultdict
+from pathlib import Path
+from typing import Any, Callable
+
+from workbench.capture.importers._files import (
+    Skips, check_src, check_tensor, load_pt, natural_key, safe_tags, scalar_tags, walk,
+)
+from workbench.capture.importers.base import Importer
+from workbench.capture.recorder import split_module_path
+from workbench.capture.writer import CaptureWriter
+from workbench.errors import DuplicateKeyError, FileNameError, ImporterError, UnsafeFileError
+
+__all__ = ["SGLangImporter", "parse_dump_name", "format_dump_name", "split_dump_name"]
+
+SEPARATOR = "___"
+_KEY = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
+# a separator is only a separator when a key and "=" follow it; the last of several underscores wins
+_SPLIT = re.compile(r"___(?=[A-Za-z][A-Za-z0-9_]*=)")
+_INT = re.compile(r"-?\d+")
+_RANK_DIR = re.compile(r"sglang_dump_.*_(\d+)")
+_IO = re.compile(r"^(?:(?P<mod>.*?)\.)?(?P<io>(?:inputs?|outputs?)(?:\..*)?)$")
+_INT_FIELDS = ("step", "forward_pass_id", "rank", "dump_index", "layer_id")
+ORDERS = ("auto", "mtime", "path")
+DUPLICATES = ("raise", "suffix")
+
+
+def parse_dump_name(filename: str) -> dict[str, str]:
+    """Fields of an SGLang dump file name, in order (values are strings).
+
+    Raises FileNameError naming the file and the expected form.
+    """
+    fix = "SGLang dump files are named key=value___key=value....pt with a name= field"
+    if not filename.endswith(".pt"):
+        raise FileNameError("not a .pt file", file=filename, fix=fix)
+    stem = filename[:-3]
+    fields: dict[str, str] = {}
+    for part in _SPLIT.split(stem):
+        key, sep, value = part.partition("=")
+        if not sep or not _KEY.fullmatch(key):
+            raise FileNameError(f"cannot parse {part!r} as key=value", file=filename, fix=fix)
+        if key in fields:
+            raise FileNameError(f"field {key!r} appears twice", file=filename, fix=fix)
+        fields[key] = value
+    if not fields.get("name"):
+        raise FileNameError("the file name has no (or an empty) name= field", file=filename, fix=fix)
+    for k in _INT_FIELDS:
+        v = fields.get(k)
+        if v is not None and v != "None" and not _INT.fullmatch(v):
+            raise FileNameError(f"field {k}={v!r} is not an integer", file=filename, key=k, fix=fix)
+    return fields
+
+
+def format_dump_name(fields: dict[str, Any]) -> str:
+    """The file name SGLang's dumper gives these fields (inverse of :func:`parse_dump_name`)."""
+    return SEPARATOR.join(f"{k}={v}" for k, v in fields.items()) + ".pt"
+
+
+def split_dump_name(dumped: str, layer_id: int | None = None) -> tuple[int, str, str]:
+    """(layer, op, name) of a dumped tensor name; see the module docstring for the rule."""
+    segs = [s for s in dumped.split("__") if s and s != "non_intrusive"]
+    if not segs:
+        return (-1 if layer_id is None else layer_id), dumped, "value"
+    last, quals = segs[-1], segs[:-1]
+    if "." in last:
+        m = _IO.match(last)
+        if m:
+            mod, io = m.group("mod") or "", m.group("io")
+        else:
+            mod, _, io = last.rpartition(".")
+        layer, op = split_module_path(mod)
+        if layer is None:
+            layer = -1 if layer_id is None else layer_id
+        return layer, op or "root", ".".join([*quals, io])
+    layer = -1 if layer_id is None else layer_id
+    if quals:
+        return layer, "__".join(quals), last
+    return layer, last, "value"
+
+
+def _int(v: str | None) -> int | None:
+    return None if v is None or v == "None" else int(v)
+
+
+def _tag_value(v: str):
+    return int(v) if _INT.fullmatch(v) and len(v) < 19 else v
+
+
+class SGLangImporter(Importer):
+    name = "sglang"
+    description = "SGLang dumper folders: one key=value___key=value.pt per tensor"
+
+    def run(self, src: str | os.PathLike, dst: str | os.PathLike, *, arm: str | None = None,
+            run: dict | None = None, on_error: str = "raise", order: str = "auto",
+            duplicates: str = "raise", rank: int = 0,
+            mapper: Callable[[str, dict], tuple[int, str, str]] | None = None,
+            overwrite: bool = False) -> Path:
+        """Import ``src`` (an SGLang dump folder) into a new capture at ``dst``.
+
+        Parameters
+        ----------
+        arm: arm name (default: the folder's name)
+        run: extra run metadata; the importer adds ``run["importer"]`` (source, counts, skips)
+        on_error: "raise" (default) or "skip": skip unparsable names and unreadable or unsafe
+            files, listing them under ``run["importer"]["skipped"]``
+        order: "auto" (step, dump_index or mtime, rank, path), "mtime" or "path"
+        duplicates: "raise" (default) or "suffix": later tensors with an already used key get
+            ``#1``, ``#2``... appended to their name, in causal order
+        rank: rank of files whose name and folder do not give one
+        mapper: ``mapper(dumped_name, fields) -> (layer, op, name)`` replacing the default rule
+        overwrite: replace an existing capture at ``dst``
+        """
+        root = check_src(src)
+        skips = Skips(on_error, root)
+        if order not in ORDERS:
+            raise ImporterError(f"order must be one of {list(ORDERS)}, got {order!r}", key="order",
+                                fix="pass order='auto', 'mtime' or 'path'")
+        if duplicates not in DUPLICATES:
+            raise ImporterError(f"duplicates must be one of {list(DUPLICATES)}, got {duplicates!r}",
+                                key="duplicates", fix="pass duplicates='raise' or 'suffix'")
+        files = walk(root, (".pt",), skips)
+        if not files and not skips.items:
+            raise ImporterError("no .pt files found", file=root,
+                                fix="point SRC at the dumper's output folder (DUMPER_DIR/<exp_name>)")
+        entries = []
+        for path, rel in files:
+            try:
+                entries.append(self._entry(path, rel, rank, mapper))
+            except FileNameError as e:
+                skips(e)
+        entries.sort(key=lambda e: self._order_key(e, order))
+        self._resolve_duplicates(entries, duplicates, root)
+
+        meta = dict(run or {})
+        info = {"kind": self.name, "source": str(root.resolve()), "files": len(files),
+                "options": {"on_error": on_error, "order": order, "duplicates": duplicates}}
+        imported = 0
+        with CaptureWriter(dst, arm=arm or root.resolve().name, run=meta, overwrite=overwrite) as w:
+            for e in entries:
+                try:
+                    tensor, extra = self._load(e["path"])
+                except (UnsafeFileError, ImporterError) as err:
+                    skips(err)
+                    continue
+                tags = safe_tags({**scalar_tags(extra, set(e["tags"]) | set(e["fields"])), **e["tags"]})
+                w.add(tensor, rank=e["rank"], step=e["step"], layer=e["layer"], op=e["op"],
+                      name=e["name"], **tags)
+                imported += 1
+            info.update(imported=imported, skipped=skips.summary())
+            meta["importer"] = info
+            w.run = meta
+        return Path(dst)
+
+    # -- helpers -------------------------------------------------------------------------------
+    @staticmethod
+    def _entry(path: Path, rel: str, default_rank: int, mapper) -> dict:
+        fields = parse_dump_name(path.name)
+        step = _int(fields.get("step"))
+        if step is None:
+            step = _int(fields.get("forward_pass_id"))
+        rank = _int(fields.get("rank"))
+        if rank is None:
+            for part in reversed(Path(rel).parts[:-1]):
+                if m := _RANK_DIR.fullmatch(part):
+                    rank = int(m.group(1))
+                    break
+        layer_id = _int(fields.get("layer_id"))
+        dumped = fields["name"]
+        if mapper is not None:
+            try:
+                layer, op, name = mapper(dumped, dict(fields))
+            except Exception as err:
+                raise ImporterError(f"mapper failed on {dumped!r}: {type(err).__name__}: {err}", file=path,
+                                    fix="make mapper(dumped_name, fields) return (layer, op, name)") from err
+        else:
+            layer, op, name = split_dump_name(dumped, layer_id)
+        for what, v in (("step", step), ("rank", rank)):
+            if v is not None and v < 0:
+                raise FileNameError(f"{what} is negative ({v})", file=path, key=what,
+                                    fix="SGLang steps and ranks are >= 0; rename the file")
+        consumed = {"step", "forward_pass_id", "rank", "name", "layer_id"}
+        tags = {k: _tag_value(v) for k, v in fields.items() if k not in consumed}
+        tags["dump_name"] = dumped
+        if "forward_pass_id" in fields and "step" in fields:
+            tags["forward_pass_id"] = _tag_value(fields["forward_pass_id"])
+        di = _int(fields.get("dump_index"))
+        return dict(path=path, rel=rel, fields=fields, step=step or 0,
+                    rank=default_rank if rank is None else rank, layer=layer, op=op, name=name,
+                    dump_index=di, tags=tags)
+
+    @staticmethod
+    def _order_key(e: dict, order: str) -> tuple:
+        if order == "path":
+            return (e["step"], e["rank"], natural_key(e["rel"]))
+        mtime = e["path"].stat().st_mtime_ns
+        if order == "mtime" or e["dump_index"] is None:
+            return (e["step"], 1, mtime, e["rank"], natural_key(e["rel"]))
+        return (e["step"], 0, e["dump_index"], e["rank"], natural_key(e["rel"]))
+
+    @staticmethod
+    def _resolve_duplicates(entries: list[dict], duplicates: str, root: Path) -> None:
+        seen: dict[tuple, list[dict]] = defaultdict(list)
+        for e in entries:
+            seen[(e["rank"], e["step"], e["layer"], e["op"], e["name"])].append(e)
+        for key, group in seen.items():
+            if len(group) < 2:
+                continue
+            if duplicates == "raise":
+                files = ", ".join(g["rel"] for g in group[:4])
+                raise DuplicateKeyError(
+                    f"{len(group)} dump files map to the same capture key ({files})", file=root,
+                    key=dict(zip(("rank", "step", "layer", "op", "name"), key)),
+                    fix="pass duplicates='suffix' (names become name#1, name#2 in dump order), or a "
+                        "mapper that puts dump_index into the name; or point SRC at a single "
+                        "experiment folder")
+            used = set(seen)
+            for i, g in enumerate(group[1:], start=1):
+                n = i
+                while (*key[:4], f"{key[4]}#{n}") in used:
+                    n += 1
+                g["name"] = f"{key[4]}#{n}"
+                used.add((*key[:4], g["name"]))
+
+    @staticmethod
+    def _load(path: Path):
+        obj = load_pt(path)
+        if isinstance(obj, dict):
+            extra = set(obj) - {"value", "meta"}
+            if "value" not in obj or extra:
+                raise UnsafeFileError(
+                    f"the file holds a dict with keys {sorted(map(str, obj))[:8]}, expected "
+                    f"{{'value': tensor, 'meta': dict}}", file=path,
+                    fix="import such files with the 'folder' importer, or skip them with on_error='skip'")
+            meta = obj.get("meta", {})
+            if not isinstance(meta, dict):
+                raise UnsafeFileError(f"'meta' is a {type(meta).__name__}, not a dict", file=path,
+                                      fix="skip the file with on_error='skip'")
+            return check_tensor(obj["value"], path, "'value'"), meta
+        return check_tensor(obj, path, "the file's content"), {}

@@ -1,0 +1,383 @@
+"""record(): capture a torch model's module inputs and outputs through forward hooks.
+
+Keys
+----
+* step: one forward call of the root module is one step (0, 1, 2, ...: prefill then each
+  decode step under ``generate``). A submodule called outside a root forward is recorded under
+  the step of the next root call.
+* layer and op from the module path: the integer after the first ``layers``/``h``/``blocks``/
+  ``layer`` component is the layer and the rest of the path is the op
+  (``model.layers.3.linear_attn.in_proj_qkvz`` -> layer 3, op ``linear_attn.in_proj_qkvz``;
+  ``model.layers.3`` -> layer 3, op ``layer``); other modules get layer -1 and their full path
+  as op (``lm_head``, ``model.norm``); the root module is op ``root``. ``mapper(path, module)
+  -> (layer, op)`` overrides this (return None to keep the default for a module).
+* name, from the call's arguments (recorded before the forward runs) and its result:
+
+  =============================  =========================================================
+  positional argument 0          ``input`` (a tensor) or ``input.0.<i>`` (inside a tuple/list/dict)
+  positional argument i >= 1     ``input.<i>``, nested ``input.<i>.<j>``
+  keyword argument k             ``input.<k>``, nested ``input.<k>.<j>``
+  result                         ``output`` (a tensor); ``output.<i>`` / ``output.<key>`` for
+                                 tuples, lists, dicts and ModelOutput, nested ``output.0.1``
+  =============================  =========================================================
+
+  Non-tensor leaves (None, ints, caches, ...) are ignored; so are tensors of dtypes a capture
+  cannot hold (counted in the run metadata). The second, third, ... call of a module (more
+  exactly, of its (layer, op)) within one step gets ``#1``, ``#2``... appended to each name.
+* seq: the order in which tensors were produced (inputs when a call starts, outputs when it ends).
+
+Byte cap
+--------
+With ``max_bytes``, the first tensor that would take the capture past the cap stops recording:
+nothing more is written. With ``on_budget="raise"`` (default) a CaptureBudgetError is raised when
+the root forward that hit the cap returns (its result is lost; the exception leaves the ``with``
+block). With ``on_budget="warn"`` a warning is issued and the model runs on unrecorded. Either way
+the capture is committed and valid, holding everything recorded up to the cap, and its run
+metadata says ``truncated: true`` and where it stopped.
+
+Any other exception inside the block leaves no manifest (as with CaptureWriter). Hooks are always
+removed on exit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fnmatch
+import os
+import re
+import warnings
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import torch
+
+from workbench.capture.format import TORCH_TO_NAME
+from workbench.capture.writer import DEFAULT_SHARD_BYTES, CaptureWriter
+from workbench.errors import CaptureBudgetError, CaptureError, DuplicateKeyError
+
+__all__ = ["record", "Recorder", "split_module_path", "LAYER_CONTAINERS"]
+
+LAYER_CONTAINERS = ("layers", "h", "blocks", "layer")
+_UINT = re.compile(r"[0-9]+")
+_MAX_DEPTH = 6
+ON_BUDGET = ("raise", "warn")
+
+Filter = str | list | tuple | Callable[[str, torch.nn.Module], bool] | None
+
+
+def split_module_path(path: str) -> tuple[int | None, str]:
+    """(layer, op) of a dotted module path; layer is None when the path has no layer index.
+
+    >>> split_module_path("model.layers.3.linear_attn.in_proj_qkvz")
+    (3, 'linear_attn.in_proj_qkvz')
+    >>> split_module_path("lm_head")
+    (None, 'lm_head')
+    """
+    parts = path.split(".") if path else []
+    for i in range(len(parts) - 1):
+        if parts[i] in LAYER_CONTAINERS and _UINT.fullmatch(parts[i + 1]):
+            rest = parts[i + 2:]
+            return int(parts[i + 1]), ".".join(rest) if rest else "layer"
+    return None, path
+
+
+def _matcher(spec: Filter, what: str) -> Callable[[str, torch.nn.Module], bool] | None:
+    if spec is None:
+        return None
+    if callable(spec):
+        return lambda p, m: bool(spec(p, m))
+    pats = [spec] if isinstance(spec, str) else spec
+    if isinstance(pats, (list, tuple, set, frozenset)) and all(isinstance(s, str) for s in pats):
+        pats = list(pats)
+        return lambda p, m: any(fnmatch.fnmatchcase(p, pat) for pat in pats)
+    raise CaptureError(f"{what} must be a glob pattern, a list of them or a callable(path, module) -> bool, "
+                       f"got {spec!r}", key=what, fix=f"e.g. {what}='model.layers.*.linear_attn*'")
+
+
+def _describe(spec: Filter):
+    if spec is None or isinstance(spec, str):
+        return spec
+    if callable(spec):
+        return f"<callable {getattr(spec, '__qualname__', type(spec).__name__)}>"
+    return list(spec)
+
+
+def _leaves(obj: Any, prefix: str, depth: int = 0) -> Iterator[tuple[str, torch.Tensor]]:
+    if isinstance(obj, torch.Tensor):
+        yield prefix, obj
+    elif depth >= _MAX_DEPTH:
+        return
+    elif isinstance(obj, dict):  # includes transformers' ModelOutput
+        for k, v in obj.items():
+            yield from _leaves(v, f"{prefix}.{k}", depth + 1)
+    elif isinstance(obj, (tuple, list)):
+        for i, v in enumerate(obj):
+            yield from _leaves(v, f"{prefix}.{i}", depth + 1)
+
+
+class Recorder:
+    """The object :func:`record` yields. Read-only attributes describe the recording so far.
+
+    Attributes
+    ----------
+    path: the capture directory
+    step: the step the next (or current) root forward records under
+    stopped: True once the byte cap stopped recording
+    hooked: module paths whose tensors are recorded
+    """
+
+    def __init__(self, model: torch.nn.Module, writer: CaptureWriter, *, include: Filter, exclude: Filter,
+                 max_bytes: int | None, rank: int, mapper, inputs: bool, outputs: bool,
+                 on_budget: str) -> None:
+        self.model = model
+        self.writer = writer
+        self.path = writer.path
+        self.rank = rank
+        self.max_bytes = max_bytes
+        self.on_budget = on_budget
+        self._record_inputs = inputs
+        self._record_outputs = outputs
+        self._include_spec, self._exclude_spec = include, exclude
+        self._include = _matcher(include, "include")
+        self._exclude = _matcher(exclude, "exclude")
+        self._mapper = mapper
+        self.step = 0
+        self.stopped = False
+        self.stopped_at: dict | None = None
+        self._budget_raised = False
+        self._depth = 0
+        self._calls: dict[tuple[int, str], int] = {}
+        self._stacks: dict[int, list[int]] = {}
+        self._handles: list = []
+        self.hooked: list[str] = []
+        self.skipped = {"dtype": 0, "budget": 0}
+
+    # -- public ------------------------------------------------------------------------------
+    @property
+    def bytes_written(self) -> int:
+        return self.writer.bytes_written
+
+    @property
+    def count(self) -> int:
+        """Tensors recorded so far."""
+        return len(self.writer)
+
+    def __repr__(self) -> str:
+        return (f"<Recorder path={str(self.path)!r} step={self.step} tensors={self.count} "
+                f"bytes={self.bytes_written} stopped={self.stopped}>")
+
+    # -- wiring --------------------------------------------------------------------------------
+    def _key_of(self, path: str, module: torch.nn.Module) -> tuple[int, str]:
+        if self._mapper is not None:
+            try:
+                got = self._mapper(path, module)
+            except Exception as e:
+                raise CaptureError(f"mapper failed: {type(e).__name__}: {e}", key=path,
+                                   fix="make mapper(path, module) return (layer, op) or None") from e
+            if got is not None:
+                ok = (isinstance(got, tuple) and len(got) == 2 and isinstance(got[0], int)
+                      and not isinstance(got[0], bool) and got[0] >= -1 and isinstance(got[1], str) and got[1])
+                if not ok:
+                    raise CaptureError(f"mapper returned {got!r} for module {path!r}", key=path,
+                                       fix="return (layer: int >= -1, op: non-empty str), or None for the default")
+                return got
+        layer, op = split_module_path(path)
+        return (-1 if layer is None else layer), (op or "root")
+
+    def _wanted(self, path: str, module: torch.nn.Module) -> bool:
+        if self._include is not None and not self._include(path, module):
+            return False
+        return not (self._exclude is not None and self._exclude(path, module))
+
+    def _attach(self) -> None:
+        for path, module in self.model.named_modules():
+            is_root = module is self.model
+            want = self._wanted(path, module)
+            if not (want or is_root):
+                continue
+            key = self._key_of(path, module) if want else None
+            if want:
+                self.hooked.append(path)
+            self._handles.append(module.register_forward_pre_hook(
+                self._make_pre(key, is_root), with_kwargs=True, prepend=is_root))
+            self._handles.append(module.register_forward_hook(
+                self._make_post(key, is_root), always_call=True))
+
+    def _detach(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+
+    def _make_pre(self, key, is_root: bool):
+        def pre(module, args, kwargs):
+            if is_root:
+                self._depth += 1
+            if key is None:
+                return None
+            idx = self._calls.get(key, 0)
+            self._calls[key] = idx + 1
+            self._stacks.setdefault(id(module), []).append(idx)
+            if self._record_inputs and not self.stopped:
+                for i, a in enumerate(args):
+                    base = "input" if i == 0 and isinstance(a, torch.Tensor) else f"input.{i}"
+                    for name, t in _leaves(a, base):
+                        self._add(t, key, name, idx)
+                for k, v in kwargs.items():
+                    for name, t in _leaves(v, f"input.{k}"):
+                        self._add(t, key, name, idx)
+            return None
+        return pre
+
+    def _make_post(self, key, is_root: bool):
+        def post(module, args, output):
+            if key is not None:
+                stack = self._stacks.get(id(module))
+                idx = stack.pop() if stack else 0
+                if self._record_outputs and not self.stopped and output is not None:
+                    for name, t in _leaves(output, "output"):
+                        self._add(t, key, name, idx)
+            if is_root:
+                self._depth -= 1
+                if self._depth == 0:
+                    self.step += 1
+                    self._calls.clear()
+                    self._raise_if_over_budget()
+            return None
+        return post
+
+    def _add(self, t: torch.Tensor, key: tuple[int, str], name: str, idx: int) -> None:
+        if self.stopped:
+            return
+        if t.dtype not in TORCH_TO_NAME or t.device.type == "meta":
+            self.skipped["dtype"] += 1
+            return
+        layer, op = key
+        if idx:
+            name = f"{name}#{idx}"
+        nbytes = t.numel() * t.element_size()
+        if self.max_bytes is not None and self.writer.bytes_written + nbytes > self.max_bytes:
+            self.stopped = True
+            self.stopped_at = dict(rank=self.rank, step=self.step, layer=layer, op=op, name=name)
+            self.skipped["budget"] += 1
+            if self.on_budget == "warn":
+                warnings.warn(f"recording stopped at the byte cap ({self.max_bytes} bytes) before "
+                              f"step={self.step} layer={layer} op={op} name={name}; the capture keeps what was "
+                              f"recorded before it", stacklevel=2)
+            return
+        n = 0
+        while True:
+            try:
+                self.writer.add(t, rank=self.rank, step=self.step, layer=layer, op=op,
+                                name=name if n == 0 else f"{name}~{n}")
+                return
+            except DuplicateKeyError:  # only a mapper sending two modules to one (layer, op) gets here
+                n += 1
+
+    def _budget_error(self) -> CaptureBudgetError:
+        return CaptureBudgetError(
+            f"recording stopped at the byte cap: {self.writer.bytes_written} bytes recorded, max_bytes="
+            f"{self.max_bytes}; the capture holds everything before the key below", file=self.path,
+            key=self.stopped_at,
+            fix="raise max_bytes, or record less with include=/exclude= (e.g. exclude='*.mlp.experts*'); "
+                "pass on_budget='warn' to keep running without raising")
+
+    def _raise_if_over_budget(self) -> None:
+        if self.stopped and self.on_budget == "raise" and not self._budget_raised:
+            self._budget_raised = True
+            raise self._budget_error()
+
+    def _metadata(self) -> dict:
+        m = self.model
+        return {
+            "model_class": f"{type(m).__module__}.{type(m).__qualname__}",
+            "modules": sum(1 for _ in m.named_modules()),
+            "hooked": len(self.hooked),
+            "torch": torch.__version__,
+            "include": _describe(self._include_spec),
+            "exclude": _describe(self._exclude_spec),
+            "mapper": _describe(self._mapper),
+            "inputs": self._record_inputs,
+            "outputs": self._record_outputs,
+            "max_bytes": self.max_bytes,
+            "steps": self.step,
+            "truncated": self.stopped,
+            "stopped_at": self.stopped_at,
+            "skipped": dict(self.skipped),
+        }
+
+    def _commit(self) -> None:
+        run = dict(self.writer.run)
+        run.setdefault("model", type(self.model).__name__)
+        run["recorder"] = self._metadata()
+        self.writer.run = run
+        self.writer.close()
+
+
+@contextlib.contextmanager
+def record(model: torch.nn.Module, path: str | os.PathLike, *, arm: str, include: Filter = None,
+           exclude: Filter = None, max_bytes: int | None = None, rank: int = 0, run: dict | None = None,
+           mapper: Callable[[str, torch.nn.Module], tuple[int, str] | None] | None = None,
+           inputs: bool = True, outputs: bool = True, on_budget: str = "raise",
+           shard_bytes: int = DEFAULT_SHARD_BYTES, overwrite: bool = False) -> Iterator[Recorder]:
+    """Record the inputs and outputs of a model's modules into a capture at ``path``.
+
+    Parameters
+    ----------
+    model: any torch.nn.Module; one call of it is one step
+    path: capture directory to create
+    arm: arm name ("control", "candidate", ...)
+    include, exclude: which module paths to record: a glob (``fnmatch``, ``*`` also crosses
+        dots), a list of globs, or ``fn(path, module) -> bool``; each module is judged on its own
+        path (excluding ``model.layers.3`` does not exclude ``model.layers.3.mlp``); the root's
+        path is ``""``
+    max_bytes: cap on the tensor bytes recorded (see the module docstring)
+    rank: rank written into every key
+    run: extra run metadata; the recorder adds ``run["recorder"]`` (model class, module count,
+        torch version, filters, steps, truncation)
+    mapper: ``mapper(path, module) -> (layer, op)`` or None for the default mapping
+    inputs, outputs: record call arguments / results
+    on_budget: "raise" (default) or "warn" when the byte cap is reached
+    shard_bytes, overwrite: passed to CaptureWriter
+
+    Yields
+    ------
+    Recorder
+
+    Example
+    -------
+    >>> with record(model, "cap/control", arm="control", exclude="*.act_fn") as rec:   # doctest: +SKIP
+    ...     model.generate(ids, max_new_tokens=2)
+    >>> open_capture("cap/control").select(layer=3, step=1).index                     # doctest: +SKIP
+    """
+    if not isinstance(model, torch.nn.Module):
+        raise CaptureError(f"record() needs a torch.nn.Module, got {type(model).__name__}", key="model",
+                           fix="pass the model (or the submodule) to record")
+    if on_budget not in ON_BUDGET:
+        raise CaptureError(f"on_budget must be one of {list(ON_BUDGET)}, got {on_budget!r}", key="on_budget",
+                           fix="pass on_budget='raise' or 'warn'")
+    if max_bytes is not None and (isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 0):
+        raise CaptureError(f"max_bytes must be a non-negative int or None, got {max_bytes!r}", key="max_bytes",
+                           fix="e.g. max_bytes=2 << 30 for 2 GiB")
+    if mapper is not None and not callable(mapper):
+        raise CaptureError(f"mapper must be callable, got {type(mapper).__name__}", key="mapper",
+                           fix="pass mapper=lambda path, module: (layer, op)")
+    writer = CaptureWriter(path, arm=arm, run=run, shard_bytes=shard_bytes, overwrite=overwrite)
+    rec = Recorder(model, writer, include=include, exclude=exclude, max_bytes=max_bytes, rank=rank,
+                   mapper=mapper, inputs=inputs, outputs=outputs, on_budget=on_budget)
+    try:
+        rec._attach()
+        yield rec
+    except CaptureBudgetError:
+        rec._detach()
+        rec._commit()  # what was recorded up to the cap is a valid capture
+        raise
+    except BaseException:
+        rec._detach()
+        writer.abort()
+        raise
+    else:
+        rec._detach()
+        rec._commit()
+        rec._raise_if_over_budget()  # the cap was hit outside any root forward
+    finally:
+        rec._detach()
