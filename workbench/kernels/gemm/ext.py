@@ -1,0 +1,77 @@
+"""Split-K GEMM in native code (kernels/gemm): C++ on CPU tensors, CUDA on GPU tensors.
+
+Layers: ``splitk_partials_kernel``/``splitk_reduce_kernel`` (``gemm_cuda.cu``) or the loops of
+``gemm_cpu.cpp`` -> ``_launch`` -> :func:`workbench.kernels.gemm.splitk_matmul`. Partials are
+rounded to ``partial_dtype`` and held in an fp32 buffer (the values a ``partial_dtype`` store
+would hold); at most 64 splits; the CUDA kernel takes M in chunks of 16 rows.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from functools import lru_cache
+
+import torch
+
+from workbench.errors import BackendUnavailableError
+from workbench.kernels import _native
+from workbench.numerics.dtypes import canonical, torch_dtype
+
+__all__ = ["splitk_matmul", "is_available"]
+
+_DT = {"fp32": 0, "bf16": 1, "fp16": 2}
+_HDR = ["gemm/gemm_elem.h", "qsa/qsa_elem.h"]
+
+
+def is_available() -> tuple[bool, str]:
+    if _native.find_cxx() is None and _native.find_nvcc() is None:
+        return False, "no C++ compiler (g++) and no nvcc found"
+    return True, "native C++ (CPU tensors) / CUDA (GPU tensors, needs nvcc)"
+
+
+@lru_cache(maxsize=None)
+def _lib(kind: str) -> ctypes.CDLL:
+    if kind == "cpu":
+        lib = _native.load("gemm", ["gemm/gemm_cpu.cpp"], kind="cpu", headers=_HDR)
+        lib.splitk_partials_cpu.restype = None
+        lib.splitk_reduce_cpu.restype = None
+    else:
+        lib = _native.load("gemm", ["gemm/gemm_cuda.cu"], kind="cuda", headers=_HDR)
+        lib.splitk_matmul_cuda.restype = ctypes.c_int
+    return lib
+
+
+def _p(t):
+    return ctypes.c_void_p(t.data_ptr())
+
+
+def _launch(x, w, splits, partial_dtype, order):
+    M, K = x.shape
+    N = w.shape[0]
+    if splits > 64:
+        raise BackendUnavailableError(f"gemm ext supports at most 64 splits, got {splits}", key="backend",
+                                      fix="use backend='torch' for more splits")
+    x, w = x.contiguous(), w.contiguous()
+    dt, pdt, od = _DT[canonical(x.dtype)], _DT[partial_dtype], 0 if order == "sequential" else 1
+    y = torch.empty(M, N, dtype=torch.float32, device=x.device)
+    if x.is_cuda:
+        stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+        parts = torch.empty(splits, min(M, 16), N, dtype=torch.float32, device=x.device)
+        for m0 in range(0, M, 16):
+            xm = x[m0:m0 + 16].contiguous()
+            ym = y[m0:m0 + 16]
+            rc = _lib("cuda").splitk_matmul_cuda(_p(xm), _p(w), *map(ctypes.c_int, (xm.shape[0], N, K, splits, dt, pdt, od)),
+                                                 _p(parts), _p(ym), stream)
+            if rc:
+                raise BackendUnavailableError(f"split-K CUDA launch failed with code {rc}", key="backend",
+                                              fix="use backend='torch'")
+    else:
+        parts = torch.empty(splits, M, N, dtype=torch.float32)
+        lib = _lib("cpu")
+        lib.splitk_partials_cpu(_p(x), _p(w), *map(ctypes.c_int, (M, N, K, splits, dt, pdt)), _p(parts))
+        lib.splitk_reduce_cpu(_p(parts), ctypes.c_int(M * N), ctypes.c_int(splits), ctypes.c_int(od), _p(y))
+    return y
+
+
+def splitk_matmul(x, w, *, splits=None, partial_dtype=None, order=None, out_dtype=None, policy=None):
+    return _launch(x, w, splits, partial_dtype, order).to(torch_dtype(out_dtype))

@@ -1,0 +1,131 @@
+"""QSA split-KV decode in native code (kernels/qsa): C++ on CPU tensors, CUDA on GPU tensors.
+
+Layers: the kernels (``qsa_split_kernel``/``qsa_merge_kernel`` in ``qsa_cuda.cu``, the loops of
+``qsa_cpu.cpp``, both on the element code of ``qsa_elem.h``) -> ``_launch`` (pointers, grid,
+outputs) -> the public :func:`workbench.kernels.qsa.sparse_decode`. Knobs: ``prob_dtype``
+(fp32/fp16/bf16), ``page_order``, ``num_kv_splits``/``partition_size``, ``input_dtype`` and
+``output_dtype`` (applied around the kernel); ``accum_dtype`` must be fp32.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+from functools import lru_cache
+
+import torch
+
+from workbench.errors import BackendUnavailableError
+from workbench.kernels import _native
+from workbench.kernels.qsa.paged import unpack_cache, visit_slots
+from workbench.kernels.qsa.torch_ref import split_layout
+from workbench.numerics.dtypes import canonical, torch_dtype
+from workbench.numerics.policy import resolve_policy
+
+__all__ = ["sparse_decode", "merge_states", "is_available"]
+
+_DT = {"fp32": 0, "bf16": 1, "fp16": 2}
+_HDR = ["qsa/qsa_elem.h"]
+LOG2E = 1.0 / math.log(2.0)
+
+
+def is_available() -> tuple[bool, str]:
+    if _native.find_cxx() is None and _native.find_nvcc() is None:
+        return False, "no C++ compiler (g++) and no nvcc found"
+    return True, "native C++ (CPU tensors) / CUDA (GPU tensors, needs nvcc)"
+
+
+@lru_cache(maxsize=None)
+def _lib(kind: str) -> ctypes.CDLL:
+    if kind == "cpu":
+        lib = _native.load("qsa", ["qsa/qsa_cpu.cpp"], kind="cpu", headers=_HDR)
+        lib.qsa_split_partials_cpu.restype = None
+        lib.qsa_merge_cpu.restype = None
+    else:
+        lib = _native.load("qsa", ["qsa/qsa_cuda.cu"], kind="cuda", headers=_HDR)
+        lib.qsa_decode_cuda.restype = ctypes.c_int
+        lib.qsa_merge_cuda.restype = ctypes.c_int
+    return lib
+
+
+def _p(t: torch.Tensor) -> ctypes.c_void_p:
+    return ctypes.c_void_p(t.data_ptr())
+
+
+def _stream():
+    return ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+
+
+def _check_policy(policy):
+    if policy.accum_dtype != "fp32":
+        raise BackendUnavailableError(f"qsa ext accumulates in fp32 only, policy asks accum_dtype={policy.accum_dtype!r}",
+                                      key="backend", fix="use backend='torch' for fp64 accumulation")
+    if policy.prob_dtype not in _DT:
+        raise BackendUnavailableError(f"qsa ext cannot round probabilities to {policy.prob_dtype!r}", key="backend",
+                                      fix="use prob_dtype fp32, fp16 or bf16, or backend='torch'")
+
+
+def _launch(q, k, v, block_table, indices, scale, num_splits, policy):
+    B, HQ, D = q.shape
+    _, ps, HKV, _ = k.shape
+    dt = canonical(q.dtype)
+    if dt not in _DT:
+        raise BackendUnavailableError(f"qsa ext reads fp32/bf16/fp16, got {dt}", key="backend",
+                                      fix="materialize q/k/v in bf16 or use backend='torch'")
+    if policy.page_order == "physical":
+        idx, mode = visit_slots(block_table, indices, ps, "physical").to(torch.int32).contiguous(), 1
+    else:
+        idx, mode = indices.to(torch.int32).contiguous(), 0
+    bt = block_table.to(torch.int32).contiguous()
+    L = idx.shape[1]
+    S, P = split_layout(L, policy.num_kv_splits if num_splits is None else num_splits, policy)
+    qscale = float((D ** -0.5 if scale is None else scale) * LOG2E)
+    f32 = dict(dtype=torch.float32, device=q.device)
+    o_parts = torch.empty(B, HQ, S, D, **f32)
+    lse_parts = torch.empty(B, HQ, S, **f32)
+    o = torch.empty(B, HQ, D, **f32)
+    lse = torch.empty(B, HQ, **f32)
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    ints = [ctypes.c_int(x) for x in (mode, B, HQ, HKV, D, ps, bt.shape[1], L, S, P)]
+    tail = [ctypes.c_float(qscale), ctypes.c_int(_DT[dt]), ctypes.c_int(_DT[policy.prob_dtype])]
+    if q.is_cuda:
+        rc = _lib("cuda").qsa_decode_cuda(_p(q), _p(k), _p(v), _p(idx), _p(bt), *ints, *tail, _p(o_parts),
+                                          _p(lse_parts), _p(o), _p(lse), _stream())
+        if rc:
+            raise BackendUnavailableError(f"qsa CUDA launch failed with code {rc} (2: more than 16 query heads per "
+                                          "KV head; 3: shared memory too large for the partition)", key="backend",
+                                          fix="use more num_splits (smaller partitions) or backend='torch'")
+    else:
+        lib = _lib("cpu")
+        lib.qsa_split_partials_cpu(_p(q), _p(k), _p(v), _p(idx), _p(bt), *ints, *tail, _p(o_parts), _p(lse_parts))
+        lib.qsa_merge_cpu(_p(o_parts), _p(lse_parts), ctypes.c_int(B * HQ), ctypes.c_int(S), ctypes.c_int(D), _p(o),
+                          _p(lse))
+    return o, lse
+
+
+def sparse_decode(q, kv_cache, block_table, indices, *, scale=None, num_splits=None, policy=None):
+    policy = resolve_policy(policy)
+    _check_policy(policy)
+    k, v = unpack_cache(kv_cache)
+    if policy.input_dtype is not None:
+        q, k, v = (t.to(torch_dtype(policy.input_dtype)) for t in (q, k, v))
+    o, lse = _launch(q, k, v, block_table, indices, scale, num_splits, policy)
+    if policy.output_dtype is not None:
+        o = o.to(torch_dtype(policy.output_dtype))
+    return o, lse
+
+
+def merge_states(o_parts, lse_parts, *, policy=None):
+    _check_policy(resolve_policy(policy))
+    *lead, S, D = o_parts.shape
+    rows = math.prod(lead)
+    op = o_parts.float().contiguous()
+    lp = lse_parts.float().contiguous()
+    o = torch.empty(*lead, D, dtype=torch.float32, device=op.device)
+    lse = torch.empty(*lead, dtype=torch.float32, device=op.device)
+    args = (_p(op), _p(lp), ctypes.c_int(rows), ctypes.c_int(S), ctypes.c_int(D), _p(o), _p(lse))
+    if op.is_cuda:
+        _lib("cuda").qsa_merge_cuda(*args, _stream())
+    else:
+        _lib("cpu").qsa_merge_cpu(*args)
+    return o, lse
