@@ -23,7 +23,9 @@ def make_inputs(B=1, T=8, H=1, HV=2, K=8, V=8, *, dtype=torch.float32, state=Fal
 
     out = dict(
         q=rnd(B, T, H, K).to(dtype), k=rnd(B, T, H, K).to(dtype), v=rnd(B, T, HV, V).to(dtype),
-        g=F.logsigmoid(rnd(B, T, HV) + 2.0), beta=torch.sigmoid(rnd(B, T, HV)),
+        g=F.logsigmoid(rnd(B, T, HV) + 2.0),
+        # representable in the input dtype, so backends that read beta in it (fla) see the same
+        beta=torch.sigmoid(rnd(B, T, HV)).to(dtype).float(),
         initial_state=(0.1 * rnd(B, HV, K, V)) if state else None,
     )
     return {k: (x.to(device) if x is not None else None) for k, x in out.items()}

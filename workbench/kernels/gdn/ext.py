@@ -52,11 +52,17 @@ def library(kind: str) -> ctypes.CDLL:
 
 
 def _run(op, q, k, v, g, beta, scale, initial_state, qk_l2norm, policy, chunk_size=None):
-    s, p, C, (q, k, v, g, beta), state, out = stage("ext", q, k, v, g, beta, scale, initial_state,
-                                                    qk_l2norm, policy, chunk_size)
-    o = torch.empty(s.B, s.T, s.HV, s.V, dtype=torch.float32, device=q.device)
-    if s.T == 0:
-        return o.to(out), state
+    s, p, C, tensors, state, out = stage("ext", q, k, v, g, beta, scale, initial_state,
+                                         qk_l2norm, policy, chunk_size)
+    o = torch.empty(s.B, s.T, s.HV, s.V, dtype=torch.float32, device=tensors[0].device)
+    if s.T > 0:
+        launch(op, s, C, int(p.accum_dtype == "fp64"), tensors, state, o)
+    return o.to(out), state
+
+
+def launch(op, s, C, acc64, tensors, state, o):
+    """Run the native kernel on staged float32 contiguous tensors; ``state`` is updated in place."""
+    q = tensors[0]
     kind = "cuda" if q.is_cuda else "cpu"
     if kind == "cpu" and q.device.type != "cpu":
         raise KernelArgumentError(f"q: expected a CPU or CUDA tensor for backend 'ext', got "
@@ -65,9 +71,8 @@ def _run(op, q, k, v, g, beta, scale, initial_state, qk_l2norm, policy, chunk_si
         raise KernelArgumentError(f"q: expected K in {CUDA_K} for the CUDA recurrence, got K={s.K}",
                                   key="q", fix="use backend='torch' or the chunked form")
     lib = library(kind)
-    ptrs = [x.data_ptr() for x in (q, k, v, g, beta, o, state)]
+    ptrs = [x.data_ptr() for x in (*tensors, o, state)]
     dims = [s.B, s.T, s.H, s.HV, s.K, s.V]
-    acc64 = int(p.accum_dtype == "fp64")
     extra = []
     if kind == "cuda":
         with torch.cuda.device(q.device):
@@ -79,7 +84,6 @@ def _run(op, q, k, v, g, beta, scale, initial_state, qk_l2norm, policy, chunk_si
     if rc != 0:
         raise BackendUnavailableError(f"native gdn {op} ({kind}) failed with code {rc}",
                                       key="backend", fix="see the CUDA error code; try backend='torch'")
-    return o.to(out), state
 
 
 def recurrent(q, k, v, g, beta, *, scale=None, initial_state=None, qk_l2norm=False, policy=None):

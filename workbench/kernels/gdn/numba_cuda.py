@@ -290,7 +290,9 @@ def _kernel(name: str, K: int, V: int, C: int):
     return cuda.jit(sig)(fn) if not _simulator() else cuda.jit(fn)
 
 
-def _launch(name, s, C, tensors, state, o):
+def launch(name, s, C, tensors, state, o):
+    """Run kernel ``name`` (decode, recurrent, chunked) on staged float32 tensors; ``state`` is
+    updated in place."""
     if s.K % NS:
         raise KernelArgumentError(f"q: expected K divisible by {NS} for backend 'numba', got "
                                   f"K={s.K}", key="q", fix="use backend='torch' or 'ext'")
@@ -331,7 +333,7 @@ def _run(op, q, k, v, g, beta, scale, initial_state, qk_l2norm, policy, chunk_si
     o = torch.empty(s.B, s.T, s.HV, s.V, dtype=torch.float32, device=tensors[0].device)
     if s.T > 0:
         name = op if op == "chunked" else ("decode" if s.T == 1 else "recurrent")
-        _launch(name, s, C, tensors, state, o)
+        launch(name, s, C, tensors, state, o)
     return o.to(out), state
 
 

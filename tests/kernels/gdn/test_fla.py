@@ -1,0 +1,39 @@
+"""fla adapter: a clear reason where it cannot run; on the GPU, fla against the oracle."""
+
+import pytest
+import torch
+
+import workbench
+from workbench.errors import BackendUnavailableError, KernelArgumentError
+from workbench.kernels import gdn
+from workbench.kernels.gdn import fla as fla_backend
+from workbench.kernels.gdn._cases import make_inputs
+
+
+def test_reason_when_unavailable():
+    ok, reason = fla_backend.is_available()
+    if ok:
+        pytest.skip("fla runs here")
+    assert "flash-linear-attention" in reason or "CUDA" in reason
+    with pytest.raises(BackendUnavailableError) as e:
+        gdn.chunked(**make_inputs(), backend="fla")
+    assert "pip install flash-linear-attention" in str(e.value)
+
+
+def test_policy_it_cannot_honour_is_refused():
+    with pytest.raises(KernelArgumentError, match="state_dtype"):
+        fla_backend._check_policy({"state_dtype": "bf16"})
+    with pytest.raises(KernelArgumentError, match="chunk_size"):
+        fla_backend._check_policy(None, chunk_size=32)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("op, T", [("recurrent", 1), ("recurrent", 200), ("chunked", 200)])
+def test_gpu_against_oracle(op, T):
+    pytest.importorskip("fla")
+    x = make_inputs(2, T, 2, 4, 128, 128, dtype=torch.bfloat16, state=True, seed=12, device="cuda")
+    from workbench.kernels.gdn import oracle
+    ref_o, ref_s = oracle.chunked(**x, qk_l2norm=True)
+    o, s = getattr(gdn, op)(**x, qk_l2norm=True, backend="fla")
+    assert workbench.compare(ref_o, o).rel_l2 <= 5e-3
+    assert workbench.compare(ref_s, s).rel_l2 <= 5e-3
