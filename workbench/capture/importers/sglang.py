@@ -9,8 +9,8 @@ One ``.pt`` per dumped tensor, named by its fields joined with ``___``::
 
 Older dumps keep each rank in its own folder ``sglang_dump_<time>_<rank>/`` and hold a bare
 tensor; current ones hold ``{"value": tensor, "meta": {...}}``. Files may sit in any subfolder.
-Keys are identifiers starting with a letter; a value runs up to the next ``___key=`` (so values
-may hold dots, ``=``, single or double underscores, but not ``___`` followed by ``word=``).
+Keys are identifiers starting with a letter, without ``___``; a value runs up to the next
+``___key=`` (so values may hold dots, ``=`` and underscores, but not ``___`` followed by ``key=``).
 
 Mapping to capture keys
 -----------------------
@@ -57,9 +57,10 @@ from workbench.errors import DuplicateKeyError, FileNameError, ImporterError, Un
 __all__ = ["SGLangImporter", "parse_dump_name", "format_dump_name", "split_dump_name"]
 
 SEPARATOR = "___"
-_KEY = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
+# keys are identifiers that start with a letter and hold no "___"
+_KEY = re.compile(r"[A-Za-z](?:(?!___)[A-Za-z0-9_])*")
 # a separator is only a separator when a key and "=" follow it; the last of several underscores wins
-_SPLIT = re.compile(r"___(?=[A-Za-z][A-Za-z0-9_]*=)")
+_SPLIT = re.compile(r"___(?=[A-Za-z](?:(?!___)[A-Za-z0-9_])*=)")
 _INT = re.compile(r"-?\d+")
 _RANK_DIR = re.compile(r"sglang_dump_.*_(\d+)")
 _IO = re.compile(r"^(?:(?P<mod>.*?)\.)?(?P<io>(?:inputs?|outputs?)(?:\..*)?)$")
