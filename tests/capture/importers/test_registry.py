@@ -56,6 +56,8 @@ def test_register_and_import_capture_with_options(registry, tmp_path):
     assert workbench.import_capture is imp.import_capture
     with pytest.raises(ImporterError, match=r"valid options are \['arm', 'run', 'value'\]"):
         imp.import_capture("one", tmp_path, tmp_path / "cap2", valeu=3.0)
+    cap = imp.import_capture("one", tmp_path, tmp_path / "cap3", arm="a", value="2.5")  # text from the CLI
+    assert float(cap.get(op="x")[0]) == 2.5
     with pytest.raises(ImporterError, match="already registered"):
         imp.register_importer("one", Unavailable)
     with pytest.raises(ImporterError, match="Importer subclass"):
@@ -105,3 +107,15 @@ def test_installed_entry_points_name_the_builtins():
     for name, target in eps.items():
         if name in base._BUILTIN:
             assert target == base._BUILTIN[name]
+
+
+def test_text_options_from_the_command_line_are_converted(tmp_path):
+    src = tmp_path / "d"
+    src.mkdir()
+    torch.save({"value": torch.ones(1), "meta": {}}, src / "forward_pass_id=0___name=x.pt")
+    cap = imp.import_capture("sglang", src, tmp_path / "cap", rank="3", overwrite="false")
+    assert cap.index["rank"].tolist() == [3]
+    with pytest.raises(ImporterError, match="integer"):
+        imp.import_capture("sglang", src, tmp_path / "cap2", rank="three")
+    with pytest.raises(ImporterError, match="true or false"):
+        imp.import_capture("sglang", src, tmp_path / "cap2", overwrite="maybe")

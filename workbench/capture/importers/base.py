@@ -200,5 +200,29 @@ def import_capture(kind: str, src: str | os.PathLike, dst: str | os.PathLike, **
         if bad:
             raise ImporterError(f"importer {kind!r} has no option(s) {bad}; valid options are {valid}",
                                 key=kind, fix=f"pass only {valid}")
+    options = {k: _coerce(kind, sig.parameters.get(k), k, v) for k, v in options.items()}
     path = imp.run(src, dst, **options)
     return open_capture(path)
+
+
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+
+
+def _coerce(kind: str, param, name: str, value: Any) -> Any:
+    """Command-line options arrive as text: convert to the type of the option's default."""
+    if param is None or not isinstance(value, str):
+        return value
+    default = param.default
+    if isinstance(default, bool):
+        if value.lower() in _TRUE + _FALSE:
+            return value.lower() in _TRUE
+        raise ImporterError(f"option {name}={value!r} of importer {kind!r} must be true or false", key=name,
+                            fix=f"write {name}=true or {name}=false")
+    for typ, what in ((int, "an integer"), (float, "a number")):
+        if isinstance(default, typ):
+            try:
+                return typ(value)
+            except ValueError:
+                raise ImporterError(f"option {name}={value!r} of importer {kind!r} must be {what}", key=name,
+                                    fix=f"write {name}=<{what.split()[-1]}>") from None
+    return value
