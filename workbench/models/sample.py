@@ -183,7 +183,8 @@ def write_samples(out: str | Path = "captures", *, overwrite: bool = False) -> l
         if path.exists() and overwrite:
             import shutil
             shutil.rmtree(path)
-        with record(model, path, arm=arm, run=run) as rec:
-            tokens = generate(model)
+        run["tokens"] = generate(model)  # an unrecorded pass: the greedy trajectory, for reference
+        with record(model, path, arm=arm, run=run):
+            generate(model)
         paths.append(path)
     return paths
