@@ -51,14 +51,16 @@ def _launch(x, w, splits, partial_dtype, order):
     if splits > 64:
         raise BackendUnavailableError(f"gemm ext supports at most 64 splits, got {splits}", key="backend",
                                       fix="use backend='torch' for more splits")
-    x, w = x.contiguous(), w.contiguous()
+    # the CUDA kernel reads 16-byte vectors: give it fresh (aligned) storage for offset views
+    x, w = (t.contiguous() for t in (x, w))
+    x, w = (t if t.data_ptr() % 16 == 0 else t.clone() for t in (x, w))
     dt, pdt, od = _DT[canonical(x.dtype)], _DT[partial_dtype], 0 if order == "sequential" else 1
     y = torch.empty(M, N, dtype=torch.float32, device=x.device)
     if x.is_cuda:
         stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
         parts = torch.empty(splits, min(M, 16), N, dtype=torch.float32, device=x.device)
         for m0 in range(0, M, 16):
-            xm = x[m0:m0 + 16].contiguous()
+            xm = x[m0:m0 + 16].clone()
             ym = y[m0:m0 + 16]
             rc = _lib("cuda").splitk_matmul_cuda(_p(xm), _p(w), *map(ctypes.c_int, (xm.shape[0], N, K, splits, dt, pdt, od)),
                                                  _p(parts), _p(ym), stream)

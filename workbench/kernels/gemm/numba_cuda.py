@@ -91,7 +91,7 @@ def _signatures():
     from numba import types as nt
     i32 = nt.int32
     sigs = [("_partials_kernel", _partials_kernel, (io[::1], io[::1], i32, i32, i32, i32, i32, i32, nt.float32[::1]))
-            for io in (nt.float32, nt.uint16, nt.float16)]
+            for io in (nt.float32, nt.int16, nt.float16)]
     sigs.append(("_reduce_kernel", _reduce_kernel, (nt.float32[::1], i32, i32, i32, nt.float32[::1])))
     return sigs
 
@@ -102,7 +102,7 @@ SIGNATURES = _signatures()
 def _dev(t):
     t = t.contiguous().reshape(-1)
     if t.dtype == torch.bfloat16:
-        t = t.view(torch.uint16) if hasattr(torch, "uint16") else t.view(torch.int16)
+        t = t.view(torch.int16)  # read as 16-bit patterns; the kernel shifts them into fp32
     return cuda.as_cuda_array(t) if t.is_cuda else t.numpy()
 
 

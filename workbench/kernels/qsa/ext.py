@@ -85,7 +85,9 @@ def _launch(q, k, v, block_table, indices, scale, num_splits, policy):
     lse_parts = torch.empty(B, HQ, S, **f32)
     o = torch.empty(B, HQ, D, **f32)
     lse = torch.empty(B, HQ, **f32)
-    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    # the CUDA kernel reads 16-byte vectors of k: offset views get fresh (aligned) storage
+    q, k, v = (t.contiguous() for t in (q, k, v))
+    q, k, v = (t if t.data_ptr() % 16 == 0 else t.clone() for t in (q, k, v))
     ints = [ctypes.c_int(x) for x in (mode, B, HQ, HKV, D, ps, bt.shape[1], L, S, P)]
     tail = [ctypes.c_float(qscale), ctypes.c_int(_DT[dt]), ctypes.c_int(_DT[policy.prob_dtype])]
     if q.is_cuda:

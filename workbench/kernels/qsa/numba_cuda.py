@@ -193,7 +193,7 @@ def _signatures():
     arr = lambda t: t[::1]  # noqa: E731
     i32 = nt.int32
     sigs = []
-    for io in (nt.float32, nt.uint16, nt.float16):
+    for io in (nt.float32, nt.int16, nt.float16):
         sigs.append(("_split_kernel", _split_kernel, (arr(io), arr(io), arr(io), arr(i32), arr(i32), i32, i32, i32, i32,
                                                       i32, i32, i32, i32, i32, nt.float32, i32, i32, arr(nt.float32),
                                                       arr(nt.float32))))
@@ -208,7 +208,7 @@ SIGNATURES = _signatures()  # every kernel signature the launcher uses (PTX-comp
 def _dev(t: torch.Tensor):
     t = t.contiguous().reshape(-1)
     if t.dtype == torch.bfloat16:
-        t = t.view(torch.uint16) if hasattr(torch, "uint16") else t.view(torch.int16)
+        t = t.view(torch.int16)  # read as 16-bit patterns; the kernel shifts them into fp32
     return cuda.as_cuda_array(t) if t.is_cuda else t.numpy()
 
 
