@@ -1,5 +1,6 @@
 // CPU build of the GDN kernels: the recurrence step by step and the chunked form, both from the
 // element code in gdn_common.h. Called through ctypes by workbench/kernels/gdn/ext.py.
+#include <algorithm>
 #include <vector>
 
 #include "gdn/gdn_common.h"
@@ -38,13 +39,23 @@ void recurrent(const float* q, const float* k, const float* v, const float* g, c
 
 template <typename Acc>
 void chunked(const float* q, const float* k, const float* v, const float* g, const float* beta,
-             float* o, float* state, int B, int T, int H, int HV, int K, int V, float scale, int C) {
-  std::vector<float> scratch(gdn::chunk_scratch_floats(C, K, V));
+             float* o, float* state, float* gcum, float* W, float* U, int B, int T, int H, int HV,
+             int K, int V, float scale, int C) {
+  const int NC = (T + C - 1) / C;
+  std::vector<float> scratch(std::max(gdn::prepare_scratch_floats(C, K, false),
+                                      std::max(gdn::output_scratch_floats(C, K, false), (long)K * V)));
   auto nosync = [] {};
   for (int b = 0; b < B; ++b)
-    for (int hv = 0; hv < HV; ++hv)
-      gdn::chunked_tile<Acc>(q, k, v, g, beta, o, state, T, H, HV, K, V, scale, C, b, hv, 0, V,
-                             0, 1, nosync, scratch.data());
+    for (int hv = 0; hv < HV; ++hv) {
+      for (int n = 0; n < NC; ++n)
+        gdn::chunk_prepare<Acc>(k, v, g, beta, gcum, W, U, T, H, HV, K, V, C, b, hv, n, 0, 1,
+                                nosync, scratch.data(), false);
+      gdn::chunk_state_pass<Acc>(q, k, gcum, W, U, o, state, T, H, HV, K, V, C, b, hv, 0, V, 0, 1,
+                                 nosync, scratch.data());
+      for (int n = 0; n < NC; ++n)
+        gdn::chunk_output<Acc>(q, k, gcum, U, o, T, H, HV, K, V, scale, C, b, hv, n, 0, 1, nosync,
+                               scratch.data(), false);
+    }
 }
 
 }  // namespace
@@ -59,11 +70,12 @@ int gdn_recurrent_cpu(const float* q, const float* k, const float* v, const floa
   return 0;
 }
 
+// gcum [B,HV,T], W [B,HV,T,K], U [B,HV,T,V]: float32 workspace provided by the caller.
 int gdn_chunked_cpu(const float* q, const float* k, const float* v, const float* g,
-                    const float* beta, float* o, float* state, int B, int T, int H, int HV, int K,
-                    int V, float scale, int C, int acc64) {
-  if (acc64) chunked<double>(q, k, v, g, beta, o, state, B, T, H, HV, K, V, scale, C);
-  else chunked<float>(q, k, v, g, beta, o, state, B, T, H, HV, K, V, scale, C);
+                    const float* beta, float* o, float* state, float* gcum, float* W, float* U,
+                    int B, int T, int H, int HV, int K, int V, float scale, int C, int acc64) {
+  if (acc64) chunked<double>(q, k, v, g, beta, o, state, gcum, W, U, B, T, H, HV, K, V, scale, C);
+  else chunked<float>(q, k, v, g, beta, o, state, gcum, W, U, B, T, H, HV, K, V, scale, C);
   return 0;
 }
 

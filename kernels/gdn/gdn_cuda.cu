@@ -1,5 +1,6 @@
 // CUDA build of the GDN kernels. The chunked prefill runs the same element code as the CPU build
-// (gdn::chunked_tile, one block per (b, hv, tile of 32 value columns), scratch in shared memory);
+// in three launches (gdn::chunk_prepare per chunk, gdn::chunk_state_pass per (b, hv, 16 value
+// columns) sequential over chunks, gdn::chunk_output per chunk), scratch in shared memory;
 // the recurrence (prefill and batched decode, T = 1) keeps the state in registers: a block of
 // 4 warps owns 32 value columns (one per lane, so state loads are coalesced rows) and each warp
 // one quarter of the K rows; partial dot products meet in shared memory.
@@ -74,13 +75,38 @@ recurrent_kernel(const float* __restrict__ q, const float* __restrict__ k,
 }
 
 template <typename Acc>
-__global__ void chunked_kernel(const float* q, const float* k, const float* v, const float* g,
-                               const float* beta, float* o, float* state, int T, int H, int HV,
-                               int K, int V, float scale, int C, int BV) {
+__global__ void __launch_bounds__(256)
+prepare_kernel(const float* k, const float* v, const float* g, const float* beta, float* gcum,
+               float* W, float* U, int T, int H, int HV, int K, int V, int C, int NC) {
   extern __shared__ float smem[];
-  const int b = blockIdx.x / HV, hv = blockIdx.x % HV;
-  gdn::chunked_tile<Acc>(q, k, v, g, beta, o, state, T, H, HV, K, V, scale, C, b, hv,
-                         blockIdx.y * BV, BV, threadIdx.x, blockDim.x, BlockSync{}, smem);
+  const int bh = blockIdx.x / NC, n = blockIdx.x % NC;
+  gdn::chunk_prepare<Acc>(k, v, g, beta, gcum, W, U, T, H, HV, K, V, C, bh / HV, bh % HV, n,
+                          threadIdx.x, blockDim.x, BlockSync{}, smem, true);
+}
+
+template <typename Acc>
+__global__ void __launch_bounds__(128)
+state_pass_kernel(const float* q, const float* k, const float* gcum, const float* W, float* U,
+                  float* o, float* state, int T, int H, int HV, int K, int V, int C, int BV) {
+  extern __shared__ float smem[];
+  gdn::chunk_state_pass<Acc>(q, k, gcum, W, U, o, state, T, H, HV, K, V, C, blockIdx.x / HV,
+                             blockIdx.x % HV, blockIdx.y * BV, BV, threadIdx.x, blockDim.x,
+                             BlockSync{}, smem);
+}
+
+template <typename Acc>
+__global__ void __launch_bounds__(256)
+output_kernel(const float* q, const float* k, const float* gcum, const float* U, float* o, int T,
+              int H, int HV, int K, int V, float scale, int C, int NC) {
+  extern __shared__ float smem[];
+  const int bh = blockIdx.x / NC, n = blockIdx.x % NC;
+  gdn::chunk_output<Acc>(q, k, gcum, U, o, T, H, HV, K, V, scale, C, bh / HV, bh % HV, n,
+                         threadIdx.x, blockDim.x, BlockSync{}, smem, true);
+}
+
+template <typename F>
+cudaError_t allow_smem(F* kernel, size_t bytes) {
+  return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
 }
 
 template <typename Acc>
@@ -103,16 +129,23 @@ int launch_recurrent(const float* q, const float* k, const float* v, const float
 
 template <typename Acc>
 int launch_chunked(const float* q, const float* k, const float* v, const float* g,
-                   const float* beta, float* o, float* state, int B, int T, int H, int HV, int K,
-                   int V, float scale, int C, cudaStream_t stream) {
-  const int BV = V < kLanes ? V : kLanes;
-  const size_t smem = sizeof(float) * gdn::chunk_scratch_floats(C, K, BV);
-  cudaError_t err = cudaFuncSetAttribute(chunked_kernel<Acc>,
-                                         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-  if (err != cudaSuccess) return (int)err;
-  const dim3 grid(B * HV, (V + BV - 1) / BV), block(128);
-  chunked_kernel<Acc><<<grid, block, smem, stream>>>(q, k, v, g, beta, o, state, T, H, HV, K, V,
-                                                     scale, C, BV);
+                   const float* beta, float* o, float* state, float* gcum, float* W, float* U,
+                   int B, int T, int H, int HV, int K, int V, float scale, int C,
+                   cudaStream_t stream) {
+  constexpr int BV = 16;  // value columns per block of the sequential state pass
+  const int NC = (T + C - 1) / C;
+  const size_t s1 = sizeof(float) * gdn::prepare_scratch_floats(C, K, true);
+  const size_t s2 = sizeof(float) * (size_t)K * BV;
+  const size_t s3 = sizeof(float) * gdn::output_scratch_floats(C, K, true);
+  cudaError_t err;
+  if ((err = allow_smem(prepare_kernel<Acc>, s1)) != cudaSuccess) return (int)err;
+  if ((err = allow_smem(output_kernel<Acc>, s3)) != cudaSuccess) return (int)err;
+  prepare_kernel<Acc><<<B * HV * NC, 256, s1, stream>>>(k, v, g, beta, gcum, W, U, T, H, HV, K, V,
+                                                         C, NC);
+  state_pass_kernel<Acc><<<dim3(B * HV, (V + BV - 1) / BV), 128, s2, stream>>>(
+      q, k, gcum, W, U, o, state, T, H, HV, K, V, C, BV);
+  output_kernel<Acc><<<B * HV * NC, 256, s3, stream>>>(q, k, gcum, U, o, T, H, HV, K, V, scale, C,
+                                                        NC);
   return (int)cudaGetLastError();
 }
 
@@ -129,12 +162,16 @@ int gdn_recurrent_cuda(const float* q, const float* k, const float* v, const flo
                : launch_recurrent<float>(q, k, v, g, beta, o, state, B, T, H, HV, K, V, scale, s);
 }
 
+// gcum [B,HV,T], W [B,HV,T,K], U [B,HV,T,V]: float32 device workspace provided by the caller.
 int gdn_chunked_cuda(const float* q, const float* k, const float* v, const float* g,
-                     const float* beta, float* o, float* state, int B, int T, int H, int HV, int K,
-                     int V, float scale, int C, int acc64, void* stream) {
+                     const float* beta, float* o, float* state, float* gcum, float* W, float* U,
+                     int B, int T, int H, int HV, int K, int V, float scale, int C, int acc64,
+                     void* stream) {
   auto s = static_cast<cudaStream_t>(stream);
-  return acc64 ? launch_chunked<double>(q, k, v, g, beta, o, state, B, T, H, HV, K, V, scale, C, s)
-               : launch_chunked<float>(q, k, v, g, beta, o, state, B, T, H, HV, K, V, scale, C, s);
+  return acc64 ? launch_chunked<double>(q, k, v, g, beta, o, state, gcum, W, U, B, T, H, HV, K, V,
+                                        scale, C, s)
+               : launch_chunked<float>(q, k, v, g, beta, o, state, gcum, W, U, B, T, H, HV, K, V,
+                                       scale, C, s);
 }
 
 }  // extern "C"

@@ -11,6 +11,7 @@ materialized in ``policy.input_dtype`` when set, o is rounded to ``policy.output
 from __future__ import annotations
 
 import ctypes
+from functools import lru_cache
 
 import torch
 
@@ -38,15 +39,19 @@ def is_available() -> tuple[bool, str]:
     return True, f"native C++ build ({cuda})"
 
 
+@lru_cache(maxsize=None)
 def library(kind: str) -> ctypes.CDLL:
-    """The built native library (``kind`` "cpu" or "cuda"), built on first use."""
+    """The built native library (``kind`` "cpu" or "cuda"), built on first use.
+
+    Cached per process: hashing the sources on every launch would cost more than a decode step.
+    """
     lib = _native.load("gdn", SOURCES[kind], kind=kind, headers=HEADERS)
     if not getattr(lib, "_gdn_typed", False):
         sfx, extra = ("cpu", []) if kind == "cpu" else ("cuda", [_P])
         rec = getattr(lib, f"gdn_recurrent_{sfx}")
         rec.argtypes, rec.restype = _ARGS + [_I] + extra, _I
         chk = getattr(lib, f"gdn_chunked_{sfx}")
-        chk.argtypes, chk.restype = _ARGS + [_I, _I] + extra, _I
+        chk.argtypes, chk.restype = [_P] * 10 + [_I] * 6 + [_F, _I, _I] + extra, _I
         lib._gdn_typed = True
     return lib
 
@@ -80,7 +85,12 @@ def launch(op, s, C, acc64, tensors, state, o):
     if op == "recurrent":
         rc = getattr(lib, f"gdn_recurrent_{kind}")(*ptrs, *dims, s.scale, acc64, *extra)
     else:
-        rc = getattr(lib, f"gdn_chunked_{kind}")(*ptrs, *dims, s.scale, C, acc64, *extra)
+        # workspace of the three-phase chunked form: gcum, W, U
+        f32 = dict(dtype=torch.float32, device=q.device)
+        ws = (torch.empty(s.B, s.HV, s.T, **f32), torch.empty(s.B, s.HV, s.T, s.K, **f32),
+              torch.empty(s.B, s.HV, s.T, s.V, **f32))
+        rc = getattr(lib, f"gdn_chunked_{kind}")(*ptrs, *(w.data_ptr() for w in ws), *dims,
+                                                 s.scale, C, acc64, *extra)
     if rc != 0:
         raise BackendUnavailableError(f"native gdn {op} ({kind}) failed with code {rc}",
                                       key="backend", fix="see the CUDA error code; try backend='torch'")

@@ -89,11 +89,11 @@ def _decode_src(K: int, BV: int):
         active = c < V
         decay = math.exp(g[b, 0, hv])
         bt = beta[b, 0, hv]
+        for i in range(RK):  # all state loads first, so they are in flight together
+            s[i] = state[b, hv, w * RK + i, c] if active else float32(0.0)
         p = float32(0.0)
         for i in range(RK):
-            r = w * RK + i
-            s[i] = state[b, hv, r, c] if active else float32(0.0)
-            p += s[i] * k[b, 0, h, r]
+            p += s[i] * k[b, 0, h, w * RK + i]
         red[w, lane] = p
         cuda.syncthreads()
         kv = float32(0.0)
@@ -313,7 +313,8 @@ def launch(name, s, C, tensors, state, o):
     dev = tensors[0].device
     with torch.cuda.device(dev):
         stream = cuda.external_stream(torch.cuda.current_stream().cuda_stream)
-        arrs = [cuda.as_cuda_array(a) if isinstance(a, torch.Tensor) else a for a in args]
+        # no CAI stream sync: the kernel runs on the stream the tensors were produced on
+        arrs = [cuda.as_cuda_array(a, sync=False) if isinstance(a, torch.Tensor) else a for a in args]
         kern[grid, block, stream](*arrs)
 
 
