@@ -8,9 +8,12 @@ the K rows unroll and the state lives in registers):
   straight from global memory; partial dot products meet in shared memory;
 - ``recurrent`` (prefill): the same mapping looping over T inside the kernel, with q_t and k_t
   staged in shared memory each step and the state kept in registers throughout;
-- ``chunked`` (prefill): one block per (b, hv, tile of BV columns); per chunk of C steps it builds
-  A = strictly-lower(beta K K^T * decay) in shared memory, solves (I + A) U = beta (V - decay K S)
-  by forward substitution (the UT/WY form), then o and the next state tile, all in shared memory.
+- ``chunked`` (prefill), the UT/WY form in three launches: ``prepare`` (one block per chunk, all
+  chunks in parallel) builds A = strictly-lower(beta K K^T * decay) in shared memory and solves
+  (I + A) [W U] = [beta exp(gc) K, beta V] by forward substitution; ``state_pass`` (one block per
+  (b, hv, 16 value columns), sequential over chunks, state tile in shared memory) turns U into the
+  chunk's delta-rule values U - W S, writes the inter-chunk part of o and the next state;
+  ``output`` (one block per chunk) adds the intra-chunk part tril(q k^T * decay) U.
 
 Kernels compute in float32 (inputs are staged to float32 by the launcher; ``policy.accum_dtype``
 "fp64" and ``state_dtype`` other than fp32 are refused). They run on CUDA tensors on torch's
@@ -175,13 +178,62 @@ def _recurrent_src(K: int, BV: int):
     return gdn_recurrent
 
 
-def _chunked_src(K: int, BV: int, C: int, NT: int):
-    def gdn_chunked(q, k, v, g, beta, o, state, T, H, HV, V, scale):
+def _prepare_src(K: int, V: int, C: int, NT: int):
+    """Phase 1 of the chunked form, one block per (b, hv, chunk): W = (I + A)^-1 beta exp(gc) K and
+    U = (I + A)^-1 beta V by forward substitution, one right-hand-side column per thread."""
+
+    def gdn_chunk_prepare(k, v, g, beta, gcum, W, U, T, H, HV, NC):
         A = cuda.shared.array((C, C), float32)
-        S = cuda.shared.array((K, BV), float32)
-        R = cuda.shared.array((C, BV), float32)
         gc = cuda.shared.array(C, float32)
         bt = cuda.shared.array(C, float32)
+        bh = cuda.blockIdx.x // NC
+        t0 = (cuda.blockIdx.x % NC) * C
+        b = bh // HV
+        hv = bh % HV
+        h = hv // (HV // H)
+        L = min(C, T - t0)
+        tid = cuda.threadIdx.x
+        if tid == 0:
+            acc = float32(0.0)
+            for i in range(L):
+                acc += g[b, t0 + i, hv]
+                gc[i] = acc
+                gcum[b, hv, t0 + i] = acc
+                bt[i] = beta[b, t0 + i, hv]
+        cuda.syncthreads()
+        for idx in range(tid, L * L, NT):
+            i = idx // L
+            j = idx % L
+            if j < i:
+                d = float32(0.0)
+                for kk in range(K):
+                    d += k[b, t0 + i, h, kk] * k[b, t0 + j, h, kk]
+                A[i, j] = bt[i] * d * math.exp(gc[i] - gc[j])
+        cuda.syncthreads()
+        for col in range(tid, K + V, NT):
+            if col < K:
+                for i in range(L):
+                    acc = bt[i] * math.exp(gc[i]) * k[b, t0 + i, h, col]
+                    for j in range(i):
+                        acc -= A[i, j] * W[b, hv, t0 + j, col]
+                    W[b, hv, t0 + i, col] = acc
+            else:
+                c = col - K
+                for i in range(L):
+                    acc = bt[i] * v[b, t0 + i, hv, c]
+                    for j in range(i):
+                        acc -= A[i, j] * U[b, hv, t0 + j, c]
+                    U[b, hv, t0 + i, c] = acc
+
+    return gdn_chunk_prepare
+
+
+def _state_pass_src(K: int, BV: int, C: int, NT: int):
+    """Phase 2, one block per (b, hv, tile of BV value columns), sequential over chunks with the
+    state tile in shared memory: U <- U - W S, o <- exp(gc) q S, then the next state."""
+
+    def gdn_chunk_state_pass(q, k, gcum, W, U, o, state, T, H, HV, V):
+        S = cuda.shared.array((K, BV), float32)
         b = cuda.blockIdx.x // HV
         hv = cuda.blockIdx.x % HV
         h = hv // (HV // H)
@@ -193,94 +245,106 @@ def _chunked_src(K: int, BV: int, C: int, NT: int):
         for t0 in range(0, T, C):
             L = min(C, T - t0)
             cuda.syncthreads()
-            if tid == 0:
-                acc = float32(0.0)
-                for i in range(L):
-                    acc += g[b, t0 + i, hv]
-                    gc[i] = acc
-                    bt[i] = beta[b, t0 + i, hv]
-            cuda.syncthreads()
-            for idx in range(tid, L * L, NT):
-                i = idx // L
-                j = idx % L
-                if j < i:
-                    d = float32(0.0)
-                    for kk in range(K):
-                        d += k[b, t0 + i, h, kk] * k[b, t0 + j, h, kk]
-                    A[i, j] = bt[i] * d * math.exp(gc[i] - gc[j])
             for idx in range(tid, L * bv, NT):
                 i = idx // bv
                 c = idx % bv
-                ksum = float32(0.0)
-                qsum = float32(0.0)
+                ws = float32(0.0)
+                qs = float32(0.0)
                 for kk in range(K):
-                    ksum += k[b, t0 + i, h, kk] * S[kk, c]
-                    qsum += q[b, t0 + i, h, kk] * S[kk, c]
-                decay = math.exp(gc[i])
-                R[i, c] = bt[i] * (v[b, t0 + i, hv, c0 + c] - decay * ksum)
-                o[b, t0 + i, hv, c0 + c] = decay * qsum  # finished below by this thread
+                    ws += W[b, hv, t0 + i, kk] * S[kk, c]
+                    qs += q[b, t0 + i, h, kk] * S[kk, c]
+                U[b, hv, t0 + i, c0 + c] -= ws
+                o[b, t0 + i, hv, c0 + c] = math.exp(gcum[b, hv, t0 + i]) * qs
             cuda.syncthreads()
-            for i in range(1, L):
-                for c in range(tid, bv, NT):
-                    acc = R[i, c]
-                    for j in range(i):
-                        acc -= A[i, j] * R[j, c]
-                    R[i, c] = acc
-                cuda.syncthreads()
-            for idx in range(tid, L * L, NT):
-                i = idx // L
-                j = idx % L
-                if j <= i:
-                    d = float32(0.0)
-                    for kk in range(K):
-                        d += q[b, t0 + i, h, kk] * k[b, t0 + j, h, kk]
-                    A[i, j] = d * math.exp(gc[i] - gc[j])
-            cuda.syncthreads()
-            for idx in range(tid, L * bv, NT):
-                i = idx // bv
-                c = idx % bv
-                acc = float32(0.0)
-                for j in range(i + 1):
-                    acc += A[i, j] * R[j, c]
-                o[b, t0 + i, hv, c0 + c] = scale * (o[b, t0 + i, hv, c0 + c] + acc)
-            glast = gc[L - 1]
+            glast = gcum[b, hv, t0 + L - 1]
             for idx in range(tid, K * bv, NT):
                 kk = idx // bv
                 c = idx % bv
                 acc = math.exp(glast) * S[kk, c]
                 for j in range(L):
-                    acc += k[b, t0 + j, h, kk] * math.exp(glast - gc[j]) * R[j, c]
+                    acc += (k[b, t0 + j, h, kk] * math.exp(glast - gcum[b, hv, t0 + j])
+                            * U[b, hv, t0 + j, c0 + c])
                 S[kk, c] = acc
         cuda.syncthreads()
         for idx in range(tid, K * bv, NT):
             state[b, hv, idx // bv, c0 + idx % bv] = S[idx // bv, idx % bv]
 
-    return gdn_chunked
+    return gdn_chunk_state_pass
+
+
+def _output_src(K: int, V: int, C: int, NT: int):
+    """Phase 3, one block per (b, hv, chunk): o <- scale (o + tril(q k^T decay) U)."""
+
+    def gdn_chunk_output(q, k, gcum, U, o, T, H, HV, NC, scale):
+        P = cuda.shared.array((C, C), float32)
+        gc = cuda.shared.array(C, float32)
+        bh = cuda.blockIdx.x // NC
+        t0 = (cuda.blockIdx.x % NC) * C
+        b = bh // HV
+        hv = bh % HV
+        h = hv // (HV // H)
+        L = min(C, T - t0)
+        tid = cuda.threadIdx.x
+        for i in range(tid, L, NT):
+            gc[i] = gcum[b, hv, t0 + i]
+        cuda.syncthreads()
+        for idx in range(tid, L * L, NT):
+            i = idx // L
+            j = idx % L
+            if j <= i:
+                d = float32(0.0)
+                for kk in range(K):
+                    d += q[b, t0 + i, h, kk] * k[b, t0 + j, h, kk]
+                P[i, j] = d * math.exp(gc[i] - gc[j])
+        cuda.syncthreads()
+        for idx in range(tid, L * V, NT):
+            i = idx // V
+            c = idx % V
+            acc = float32(0.0)
+            for j in range(i + 1):
+                acc += P[i, j] * U[b, hv, t0 + j, c]
+            o[b, t0 + i, hv, c] = scale * (o[b, t0 + i, hv, c] + acc)
+
+    return gdn_chunk_output
 
 
 # ---------------------------------------------------------------- launch configuration
 
-def _tile(K: int, V: int, C: int) -> int:
-    """Value columns per block: up to 32, small enough for the chunked kernel's shared memory."""
-    bv = 32
-    while bv > 1 and 4 * (C * C + K * bv + C * bv + 2 * C) > SMEM_LIMIT:
-        bv //= 2
-    return max(1, min(bv, V))
+PHASE_THREADS = 256   # threads of the per-chunk phases (prepare, output)
+PASS_THREADS = 128    # threads of the sequential state pass
+PASS_BV = 16          # value columns per block of the state pass
 
 
-def _threads(bv: int) -> int:
-    return NS * bv
+def _sigs():
+    from numba import types
+    a4, a3 = types.float32[:, :, :, ::1], types.float32[:, :, ::1]
+    i32, f32 = types.int32, types.float32
+    return {
+        "recurrent": _signature(),
+        "prepare": types.void(a4, a4, a3, a3, a3, a4, a4, i32, i32, i32, i32),
+        "state_pass": types.void(a4, a4, a3, a4, a4, a4, a4, i32, i32, i32, i32),
+        "output": types.void(a4, a4, a3, a4, a4, i32, i32, i32, i32, f32),
+    }
+
+
+def _config(K: int, V: int, C: int) -> dict:
+    """Threads and tiles per kernel; the simulator gets small blocks (a Python thread per thread)."""
+    sim = _simulator()
+    return dict(bv=min(32, V), phase=32 if sim else PHASE_THREADS,
+                pass_threads=32 if sim else PASS_THREADS, pass_bv=min(PASS_BV, V))
 
 
 def kernel_sources(K: int = 128, V: int = 128, C: int = 64) -> dict:
     """{name: (python function, signature)} of every kernel as launched for K, V and chunk C;
     the CI compiles each to PTX for sm_90."""
-    sig = _signature()
-    bv = _tile(K, V, C)
+    sig = _sigs()
+    cfg = _config(K, V, C)
     return {
-        "decode": (_decode_src(K, min(32, V)), sig),
-        "recurrent": (_recurrent_src(K, min(32, V)), sig),
-        "chunked": (_chunked_src(K, bv, C, _threads(bv)), sig),
+        "decode": (_decode_src(K, cfg["bv"]), sig["recurrent"]),
+        "recurrent": (_recurrent_src(K, cfg["bv"]), sig["recurrent"]),
+        "prepare": (_prepare_src(K, V, C, cfg["phase"]), sig["prepare"]),
+        "state_pass": (_state_pass_src(K, cfg["pass_bv"], C, cfg["pass_threads"]), sig["state_pass"]),
+        "output": (_output_src(K, V, C, cfg["phase"]), sig["output"]),
     }
 
 
@@ -290,32 +354,47 @@ def _kernel(name: str, K: int, V: int, C: int):
     return cuda.jit(sig)(fn) if not _simulator() else cuda.jit(fn)
 
 
+def _go(kern, grid, block, args, device):
+    if _simulator():
+        # numpy views share memory with the CPU tensors, so results land in the tensors
+        kern[grid, block](*[a.numpy() if isinstance(a, torch.Tensor) else a for a in args])
+        return
+    with torch.cuda.device(device):
+        stream = cuda.external_stream(torch.cuda.current_stream().cuda_stream)
+        # no CAI stream sync: the kernel runs on the stream the tensors were produced on
+        arrs = [cuda.as_cuda_array(a, sync=False) if isinstance(a, torch.Tensor) else a
+                for a in args]
+        kern[grid, block, stream](*arrs)
+
+
 def launch(name, s, C, tensors, state, o):
-    """Run kernel ``name`` (decode, recurrent, chunked) on staged float32 tensors; ``state`` is
+    """Run ``name`` ("decode", "recurrent" or "chunked") on staged float32 tensors; ``state`` is
     updated in place."""
     if s.K % NS:
         raise KernelArgumentError(f"q: expected K divisible by {NS} for backend 'numba', got "
                                   f"K={s.K}", key="q", fix="use backend='torch' or 'ext'")
-    if name == "chunked":
-        bv = _tile(s.K, s.V, C)
-        block = _threads(bv)
-    else:
-        bv = min(32, s.V)
-        block = NS * bv
-    grid = (s.B * s.HV, (s.V + bv - 1) // bv)
-    kern = _kernel(name, s.K, s.V, C if name == "chunked" else 0)
-    args = [*tensors, o, state, s.T, s.H, s.HV, s.V, s.scale]
-    if _simulator():
-        # numpy views share memory with the CPU tensors, so results land in o and state
-        arrs = [a.numpy() if isinstance(a, torch.Tensor) else a for a in args]
-        kern[grid, block](*arrs)
+    q, k, v, g, beta = tensors
+    dev = q.device
+    if name in ("decode", "recurrent"):
+        cfg = _config(s.K, s.V, 0)
+        bv = cfg["bv"]
+        grid = (s.B * s.HV, (s.V + bv - 1) // bv)
+        _go(_kernel(name, s.K, s.V, 0), grid, NS * bv,
+            [q, k, v, g, beta, o, state, s.T, s.H, s.HV, s.V, s.scale], dev)
         return
-    dev = tensors[0].device
-    with torch.cuda.device(dev):
-        stream = cuda.external_stream(torch.cuda.current_stream().cuda_stream)
-        # no CAI stream sync: the kernel runs on the stream the tensors were produced on
-        arrs = [cuda.as_cuda_array(a, sync=False) if isinstance(a, torch.Tensor) else a for a in args]
-        kern[grid, block, stream](*arrs)
+    cfg = _config(s.K, s.V, C)
+    NC = (s.T + C - 1) // C
+    f32 = dict(dtype=torch.float32, device=dev)
+    gcum = torch.empty(s.B, s.HV, s.T, **f32)
+    W = torch.empty(s.B, s.HV, s.T, s.K, **f32)
+    U = torch.empty(s.B, s.HV, s.T, s.V, **f32)
+    _go(_kernel("prepare", s.K, s.V, C), s.B * s.HV * NC, cfg["phase"],
+        [k, v, g, beta, gcum, W, U, s.T, s.H, s.HV, NC], dev)
+    pbv = cfg["pass_bv"]
+    _go(_kernel("state_pass", s.K, s.V, C), (s.B * s.HV, (s.V + pbv - 1) // pbv),
+        cfg["pass_threads"], [q, k, gcum, W, U, o, state, s.T, s.H, s.HV, s.V], dev)
+    _go(_kernel("output", s.K, s.V, C), s.B * s.HV * NC, cfg["phase"],
+        [q, k, gcum, U, o, s.T, s.H, s.HV, NC, s.scale], dev)
 
 
 def _run(op, q, k, v, g, beta, scale, initial_state, qk_l2norm, policy, chunk_size=None):
