@@ -8,7 +8,8 @@ q and k are L2-normalized up front so no backend spends time on it.
 
 Kernel-level timings launch our kernels on inputs already staged to float32 (``launch``); the
 ``api`` timings go through ``workbench.kernels.gdn`` and include staging (casts, state copy).
-Ratio = fla time / our time (above 1: ours is faster).
+Ratio = fla time / our time (above 1: ours is faster). ``graph_*`` entries time a CUDA-graph
+replay of the same call (no Python launch cost), as a serving engine's graphed decode sees it.
 
     python benchmarks/gdn.py --out benchmarks/results/gdn-h200-YYYYMMDD.json
 """
@@ -52,6 +53,45 @@ def _bench(fn) -> float:
             a.record(); fn(); b.record(); b.synchronize()
             times.append(a.elapsed_time(b))
         return float(sorted(times)[len(times) // 2])
+
+
+def _graphed(fn):
+    """fn captured in a CUDA graph, so a replay measures the GPU work without Python launch cost
+    (as a serving engine that graphs its decode step sees it)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
+
+
+def _time_all(run: dict) -> tuple[dict, dict]:
+    """Eager and CUDA-graph medians (ms) of every runner; None where one fails."""
+    eager, graph = {}, {}
+    for name, fn in run.items():
+        try:
+            eager[name] = _bench(fn)
+        except Exception:
+            eager[name] = None
+            print(name, "failed:", traceback.format_exc()[-800:])
+        if name.endswith("_api"):
+            continue
+        try:
+            graph[name] = _bench(_graphed(fn))
+        except Exception as e:
+            graph[name] = None
+            print(name, "graph capture failed:", f"{type(e).__name__}: {e}"[:300])
+    return eager, graph
+
+
+def _ratios(res: dict) -> dict:
+    return {n: (res["fla"] / t if t and res.get("fla") else None) for n, t in res.items()
+            if n != "fla"}
 
 
 def _versions() -> dict:
@@ -156,18 +196,11 @@ def decode(report):
         x = _inputs(B, 1, seed=2)
         s, run = _runners(x, "decode")
         state_bytes = 2 * B * HV * K * V * 4
-        res = {}
-        for name, fn in run.items():
-            try:
-                res[name] = _bench(fn)
-            except Exception as e:
-                res[name] = None
-                print(name, "failed:", traceback.format_exc()[-800:])
-        row = dict(B=B, ms=res, state_bytes=state_bytes,
-                   state_TBps={n: (state_bytes / (t * 1e-3) / 1e12 if t else None)
-                               for n, t in res.items()},
-                   ratio_vs_fla={n: (res["fla"] / t if t and res.get("fla") else None)
-                                 for n, t in res.items() if n != "fla"})
+        res, gres = _time_all(run)
+        tbps = lambda r: {n: (state_bytes / (t * 1e-3) / 1e12 if t else None) for n, t in r.items()}
+        row = dict(B=B, state_bytes=state_bytes, ms=res, state_TBps=tbps(res),
+                   ratio_vs_fla=_ratios(res), graph_ms=gres, graph_state_TBps=tbps(gres),
+                   graph_ratio_vs_fla=_ratios(gres))
         print(json.dumps(row), flush=True)
         rows.append(row)
     report["decode"] = rows
@@ -185,20 +218,13 @@ def prefill(report):
     for T in PREFILL_T:
         x = _inputs(1, T, seed=3)
         s, run = _runners(x, "prefill")
-        res = {}
-        for name, fn in run.items():
-            try:
-                res[name] = _bench(fn)
-            except Exception:
-                res[name] = None
-                print(name, "failed:", traceback.format_exc()[-800:])
+        res, gres = _time_all(run)
         io_bytes = T * (2 * H * K + 2 * HV * V) * 2 + 2 * HV * K * V * 4
         row = dict(B=1, T=T, ms=res, nominal_flop=_chunk_flops(T),
                    TFLOPs={n: (_chunk_flops(T) / (t * 1e-3) / 1e12 if t else None)
                            for n, t in res.items()},
                    io_GBps={n: (io_bytes / (t * 1e-3) / 1e9 if t else None) for n, t in res.items()},
-                   ratio_vs_fla={n: (res["fla"] / t if t and res.get("fla") else None)
-                                 for n, t in res.items() if n != "fla"})
+                   ratio_vs_fla=_ratios(res), graph_ms=gres, graph_ratio_vs_fla=_ratios(gres))
         print(json.dumps(row), flush=True)
         rows.append(row)
     report["prefill"] = rows
