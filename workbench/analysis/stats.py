@@ -1,0 +1,397 @@
+"""Paired statistics: is a difference between two arms more than noise?
+
+- Paired binary outcomes (N cases, pass/fail per arm): discordant counts, the exact McNemar test
+  (two-sided binomial test of the discordant pairs against p = 1/2) and Newcombe's hybrid score
+  interval for the paired difference of proportions (Newcombe 1998, method 10: Wilson score
+  intervals of both proportions combined with the phi correlation of the pairs).
+- Paired timing blocks (ABBA ...): the ratio candidate/control with a confidence interval, either a
+  t-interval on the per-block log ratios (the ratio is then a geometric mean of per-block ratios)
+  or a percentile bootstrap over blocks of the ratio of means (fixed seed).
+- A/A: the same analysis of the control against itself gives the noise band a difference must beat.
+
+No scipy at run time: the binomial tail is summed exactly in integers and the Student t quantile is
+found by bisection on the regularized incomplete beta function (tests check both against scipy).
+"""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+from statistics import NormalDist
+from typing import Sequence
+
+import numpy as np
+import xarray as xr
+
+from workbench.errors import KernelArgumentError
+
+__all__ = ["mcnemar_exact", "newcombe_paired_ci", "paired_binary", "paired_binary_table", "paired_timing",
+           "abba_blocks", "aa_comparison", "t_quantile"]
+
+
+# ---------------------------------------------------------------------------------------------
+# distributions
+
+
+def _betacf(a: float, b: float, x: float) -> float:
+    # continued fraction of the incomplete beta function (modified Lentz)
+    tiny = 1e-300
+    qab, qap, qam = a + b, a + 1.0, a - 1.0
+    c, d = 1.0, 1.0 - qab * x / qap
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    h = d
+    for m in range(1, 500):
+        m2 = 2 * m
+        aa = m * (b - m) * x / ((qam + m2) * (a + m2))
+        d = 1.0 + aa * d
+        d = 1.0 / (d if abs(d) > tiny else tiny)
+        c = 1.0 + aa / c
+        c = c if abs(c) > tiny else tiny
+        h *= d * c
+        aa = -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2))
+        d = 1.0 + aa * d
+        d = 1.0 / (d if abs(d) > tiny else tiny)
+        c = 1.0 + aa / c
+        c = c if abs(c) > tiny else tiny
+        delta = d * c
+        h *= delta
+        if abs(delta - 1.0) < 1e-15:
+            break
+    return h
+
+
+def _betainc(a: float, b: float, x: float) -> float:
+    if x <= 0.0:
+        return 0.0
+    if x >= 1.0:
+        return 1.0
+    lbt = math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)
+    if x < (a + 1.0) / (a + b + 2.0):
+        return math.exp(lbt) * _betacf(a, b, x) / a
+    return 1.0 - math.exp(lbt) * _betacf(b, a, 1.0 - x) / b
+
+
+def _t_cdf(t: float, df: float) -> float:
+    x = df / (df + t * t)
+    tail = 0.5 * _betainc(df / 2.0, 0.5, x)
+    return 1.0 - tail if t > 0 else tail
+
+
+def t_quantile(q: float, df: float) -> float:
+    """Quantile of Student's t with ``df`` degrees of freedom (bisection to 1e-12).
+
+    Example
+    -------
+    >>> round(t_quantile(0.975, 7), 6)
+    2.364624
+    """
+    if not 0.0 < q < 1.0 or not df > 0:
+        raise KernelArgumentError(f"t_quantile needs 0 < q < 1 and df > 0, got q={q}, df={df}", key="q",
+                                  fix="pass a probability strictly between 0 and 1 and positive df")
+    if q == 0.5:
+        return 0.0
+    if q < 0.5:
+        return -t_quantile(1.0 - q, df)
+    lo, hi = 0.0, 1.0
+    while _t_cdf(hi, df) < q:
+        hi *= 2.0
+    for _ in range(200):
+        mid = 0.5 * (lo + hi)
+        if _t_cdf(mid, df) < q:
+            lo = mid
+        else:
+            hi = mid
+        if hi - lo < 1e-12 * max(1.0, hi):
+            break
+    return 0.5 * (lo + hi)
+
+
+# ---------------------------------------------------------------------------------------------
+# paired binary outcomes
+
+
+def mcnemar_exact(b: int, c: int) -> float:
+    """Exact two-sided McNemar p-value from the discordant counts ``b`` and ``c``.
+
+    The two-sided binomial test of ``b`` successes in ``b + c`` trials with p = 1/2:
+    ``min(1, 2 P(X <= min(b, c)))``, summed exactly in integers (1.0 when there are no
+    discordant pairs).
+
+    Example
+    -------
+    >>> round(mcnemar_exact(7, 4), 6)
+    0.548828
+    """
+    b, c = _count("b", b), _count("c", c)
+    n = b + c
+    if n == 0:
+        return 1.0
+    k = min(b, c)
+    tail = Fraction(sum(math.comb(n, i) for i in range(k + 1)), 2 ** n)
+    return float(min(Fraction(1), 2 * tail))
+
+
+def _count(name, v) -> int:
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)) or v < 0:
+        raise KernelArgumentError(f"{name} must be a non-negative int count, got {v!r}", key=name,
+                                  fix=f"pass {name} as the number of pairs")
+    return int(v)
+
+
+def _wilson(x: int, n: int, z: float) -> tuple[float, float]:
+    p = x / n
+    den = 1.0 + z * z / n
+    mid = (p + z * z / (2 * n)) / den
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / den
+    return max(0.0, mid - half), min(1.0, mid + half)
+
+
+def newcombe_paired_ci(n11: int, n10: int, n01: int, n00: int, *, confidence: float = 0.95) -> tuple[float, float]:
+    """Newcombe's hybrid score interval (1998, method 10) for p_candidate - p_control, paired.
+
+    ``n11``: both pass; ``n10``: control passes, candidate fails; ``n01``: control fails,
+    candidate passes; ``n00``: both fail.
+
+    Example
+    -------
+    >>> lo, hi = newcombe_paired_ci(45, 7, 4, 8)
+    >>> round(lo, 4), round(hi, 4)
+    (-0.1558, 0.0612)
+    """
+    n11, n10, n01, n00 = (_count(k, v) for k, v in (("n11", n11), ("n10", n10), ("n01", n01), ("n00", n00)))
+    n = n11 + n10 + n01 + n00
+    if n == 0:
+        raise KernelArgumentError("the table is empty (no pairs)", key="n11", fix="pass at least one pair")
+    _confidence(confidence)
+    z = NormalDist().inv_cdf(0.5 + confidence / 2)
+    p1, p2 = (n11 + n01) / n, (n11 + n10) / n  # candidate, control
+    l1, u1 = _wilson(n11 + n01, n, z)
+    l2, u2 = _wilson(n11 + n10, n, z)
+    den = (n11 + n10) * (n01 + n00) * (n11 + n01) * (n10 + n00)
+    phi = (n11 * n00 - n10 * n01) / math.sqrt(den) if den > 0 else 0.0
+    d = p1 - p2
+    dl = math.sqrt(max(0.0, (p1 - l1) ** 2 - 2 * phi * (p1 - l1) * (u2 - p2) + (u2 - p2) ** 2))
+    du = math.sqrt(max(0.0, (u1 - p1) ** 2 - 2 * phi * (u1 - p1) * (p2 - l2) + (p2 - l2) ** 2))
+    return max(-1.0, d - dl), min(1.0, d + du)
+
+
+def _confidence(confidence):
+    if not isinstance(confidence, (int, float)) or not 0.0 < confidence < 1.0:
+        raise KernelArgumentError(f"confidence must be in (0, 1), got {confidence!r}", key="confidence",
+                                  fix="pass confidence=0.95")
+
+
+def paired_binary_table(n11: int, n10: int, n01: int, n00: int, *, confidence: float = 0.95,
+                        alpha: float = 0.05) -> xr.Dataset:
+    """:func:`paired_binary` from the 2x2 table of pairs (see :func:`newcombe_paired_ci`)."""
+    n11, n10, n01, n00 = (_count(k, v) for k, v in (("n11", n11), ("n10", n10), ("n01", n01), ("n00", n00)))
+    n = n11 + n10 + n01 + n00
+    lo, hi = newcombe_paired_ci(n11, n10, n01, n00, confidence=confidence)
+    p = mcnemar_exact(n10, n01)
+    ds = xr.Dataset(
+        {
+            "table": (("control", "candidate"), np.array([[n11, n10], [n01, n00]], dtype=np.int64)),
+            "n": n, "pass_control": n11 + n10, "pass_candidate": n11 + n01,
+            "rate_control": (n11 + n10) / n, "rate_candidate": (n11 + n01) / n,
+            "control_only": n10, "candidate_only": n01, "discordant": n10 + n01,
+            "diff": (n01 - n10) / n, "ci_low": lo, "ci_high": hi, "p_value": p,
+            "significant": p < alpha,
+        },
+        coords={"control": ["pass", "fail"], "candidate": ["pass", "fail"]},
+    )
+    ds["diff"].attrs["units"] = "proportion (candidate - control)"
+    ds.attrs.update(analysis="paired_binary", kind="binary", estimate="diff", null=0.0, confidence=float(confidence),
+                    alpha=float(alpha),
+                    test="exact McNemar: two-sided binomial test of control_only vs candidate_only pairs, p = 1/2",
+                    ci_method="Newcombe (1998) hybrid score interval, method 10 (Wilson intervals + phi correlation)")
+    return ds
+
+
+def paired_binary(control: Sequence[bool], candidate: Sequence[bool], *, confidence: float = 0.95,
+                  alpha: float = 0.05) -> xr.Dataset:
+    """Paired pass/fail outcomes of two arms on the same N cases.
+
+    Parameters
+    ----------
+    control, candidate: ``[N]`` bool (or 0/1), case i of both arms is one pair
+    confidence: level of the interval on the difference in pass rates
+    alpha: significance level of the McNemar test (``significant = p_value < alpha``)
+
+    Returns
+    -------
+    xarray.Dataset: ``table[control, candidate]`` (pass/fail counts of the pairs), ``n``,
+    ``pass_*``, ``rate_*``, ``control_only`` / ``candidate_only`` (discordant counts), ``diff``
+    (candidate - control rate), ``ci_low``/``ci_high`` (Newcombe), ``p_value`` (exact McNemar),
+    ``significant``; ``outcome[case, arm]``.
+
+    Example
+    -------
+    >>> a = [1] * 45 + [1] * 7 + [0] * 4 + [0] * 8          # 52/64 pass
+    >>> b = [1] * 45 + [0] * 7 + [1] * 4 + [0] * 8          # 49/64 pass
+    >>> ds = paired_binary(a, b)
+    >>> int(ds.control_only), int(ds.candidate_only), round(float(ds.p_value), 4)
+    (7, 4, 0.5488)
+    """
+    a, b = _bools("control", control), _bools("candidate", candidate)
+    if a.shape != b.shape:
+        raise KernelArgumentError(f"control and candidate must pair up case by case: {a.shape[0]} vs {b.shape[0]} "
+                                  "outcomes", key="candidate", fix="pass one outcome per case for both arms")
+    ds = paired_binary_table(int((a & b).sum()), int((a & ~b).sum()), int((~a & b).sum()), int((~a & ~b).sum()),
+                             confidence=confidence, alpha=alpha)
+    return ds.assign(outcome=(("case", "arm"), np.stack([a, b], -1))).assign_coords(
+        case=np.arange(a.shape[0]), arm=["control", "candidate"])
+
+
+def _bools(name, v) -> np.ndarray:
+    a = np.asarray(v)
+    if a.ndim != 1 or a.size == 0 or not (a.dtype == bool or np.isin(a, (0, 1)).all()):
+        raise KernelArgumentError(f"{name} must be a non-empty 1-D sequence of bools (or 0/1), got shape {a.shape}",
+                                  key=name, fix=f"pass {name} = [True, False, ...], one per case")
+    return a.astype(bool)
+
+
+# ---------------------------------------------------------------------------------------------
+# paired timing
+
+
+def abba_blocks(times: Sequence[float], *, pattern: str = "ABBA") -> tuple[np.ndarray, np.ndarray]:
+    """Split a flat sequence of timings run in repeated ``pattern`` blocks into the two arms.
+
+    Returns ``(control [blocks, reps], candidate [blocks, reps])``; "A" is the control.
+
+    Example
+    -------
+    >>> a, b = abba_blocks([1.0, 2.0, 2.2, 1.1, 1.0, 2.1, 2.0, 0.9])
+    >>> a.tolist(), b.tolist()
+    ([[1.0, 1.1], [1.0, 0.9]], [[2.0, 2.2], [2.1, 2.0]])
+    """
+    t = np.asarray(times, dtype=np.float64).ravel()
+    if not pattern or set(pattern) != {"A", "B"}:
+        raise KernelArgumentError(f"pattern must use both letters A and B, got {pattern!r}", key="pattern",
+                                  fix="pass pattern='ABBA'")
+    if t.size == 0 or t.size % len(pattern):
+        raise KernelArgumentError(f"times must hold whole {pattern} blocks: {t.size} values is not a multiple "
+                                  f"of {len(pattern)}", key="times", fix="drop the incomplete last block")
+    blocks = t.reshape(-1, len(pattern))
+    lab = np.array(list(pattern))
+    return blocks[:, lab == "A"], blocks[:, lab == "B"]
+
+
+def paired_timing(control, candidate, *, confidence: float = 0.95, method: str = "log_t", n_boot: int = 10000,
+                  seed: int = 0) -> xr.Dataset:
+    """Ratio candidate / control of paired timings, with a confidence interval.
+
+    Parameters
+    ----------
+    control, candidate: ``[blocks]`` or ``[blocks, reps]`` positive times (block i of both arms
+        ran together, e.g. one ABBA block; see :func:`abba_blocks`)
+    method: ``"log_t"``: t-interval on the per-block log ratios log(mean_B / mean_A),
+        exponentiated (the ratio is the geometric mean of the per-block ratios); ``"bootstrap"``:
+        percentile bootstrap over blocks of mean(candidate) / mean(control), ``n_boot`` resamples,
+        ``seed`` fixed (reproducible)
+
+    Returns
+    -------
+    xarray.Dataset: ``ratio``, ``ci_low``, ``ci_high``, ``significant`` (the interval excludes
+    1), ``block_ratio[block]``, ``mean_control``, ``mean_candidate``.
+
+    Example
+    -------
+    >>> ds = paired_timing([1.00, 1.02, 0.99, 1.01], [1.10, 1.11, 1.09, 1.12])
+    >>> round(float(ds.ratio), 3), bool(ds.significant)
+    (1.097, True)
+    """
+    a, b = _times("control", control), _times("candidate", candidate)
+    if a.shape[0] != b.shape[0]:
+        raise KernelArgumentError(f"control and candidate need the same number of blocks, got {a.shape[0]} and "
+                                  f"{b.shape[0]}", key="candidate", fix="pair the timings block by block")
+    _confidence(confidence)
+    ma, mb = a.mean(1), b.mean(1)
+    r = np.log(mb / ma)
+    n = r.size
+    if method == "log_t":
+        if n < 2:
+            raise KernelArgumentError("log_t needs at least 2 blocks", key="control", fix="run more blocks")
+        est = float(np.exp(r.mean()))
+        half = t_quantile(0.5 + confidence / 2, n - 1) * r.std(ddof=1) / math.sqrt(n)
+        lo, hi = float(np.exp(r.mean() - half)), float(np.exp(r.mean() + half))
+        desc = "t-interval on per-block log ratios log(mean_candidate / mean_control), exponentiated (geometric mean)"
+    elif method == "bootstrap":
+        est = float(mb.mean() / ma.mean())
+        idx = np.random.default_rng(seed).integers(0, n, size=(int(n_boot), n))
+        boots = mb[idx].mean(1) / ma[idx].mean(1)
+        lo, hi = (float(v) for v in np.quantile(boots, [0.5 - confidence / 2, 0.5 + confidence / 2]))
+        desc = f"percentile bootstrap over blocks of mean(candidate)/mean(control), n_boot={int(n_boot)}, seed={seed}"
+    else:
+        raise KernelArgumentError(f"method must be 'log_t' or 'bootstrap', got {method!r}", key="method",
+                                  fix="pass method='log_t' or method='bootstrap'")
+    ds = xr.Dataset(
+        {"ratio": est, "ci_low": lo, "ci_high": hi, "significant": not (lo <= 1.0 <= hi),
+         "block_ratio": ("block", np.exp(r)), "mean_control": float(ma.mean()), "mean_candidate": float(mb.mean()),
+         "control": (("block", "rep_control"), a), "candidate": (("block", "rep_candidate"), b)},
+        coords={"block": np.arange(n)},
+    )
+    ds["ratio"].attrs["units"] = "candidate time / control time"
+    ds.attrs.update(analysis="paired_timing", kind="timing", estimate="ratio", null=1.0, confidence=float(confidence),
+                    method=method, ci_method=desc, blocks=int(n))
+    return ds
+
+
+def _times(name, v) -> np.ndarray:
+    a = np.asarray(v, dtype=np.float64)
+    if a.ndim == 1:
+        a = a[:, None]
+    if a.ndim != 2 or a.size == 0 or not np.isfinite(a).all() or (a <= 0).any():
+        raise KernelArgumentError(f"{name} must be positive finite times [blocks] or [blocks, reps], got shape "
+                                  f"{np.shape(v)}", key=name, fix=f"pass {name} as seconds per run, one row per block")
+    return a
+
+
+# ---------------------------------------------------------------------------------------------
+# A/A
+
+
+def aa_comparison(aa: xr.Dataset, ab: xr.Dataset) -> xr.Dataset:
+    """Put an A/A result (control vs its repeat) beside the A/B result of the same analysis.
+
+    ``aa`` and ``ab`` are two :func:`paired_binary` or two :func:`paired_timing` results. The A/A
+    interval is the noise band: a difference must lie outside it, and the A/B interval must
+    exclude the null (0 for a difference of rates, 1 for a ratio), to count as real.
+
+    Returns
+    -------
+    xarray.Dataset along ``comparison`` ("A/A", "A/B"): ``estimate``, ``ci_low``, ``ci_high``;
+    scalars ``noise_low``/``noise_high`` (the A/A interval), ``outside_noise``,
+    ``excludes_null``, ``beats_noise`` (both).
+
+    Example
+    -------
+    >>> aa = paired_timing([1.0, 1.01, 0.99, 1.0], [1.01, 1.0, 1.0, 0.99])
+    >>> ab = paired_timing([1.0, 1.01, 0.99, 1.0], [1.2, 1.21, 1.19, 1.2])
+    >>> bool(aa_comparison(aa, ab).beats_noise)
+    True
+    """
+    for name, d in (("aa", aa), ("ab", ab)):
+        if not isinstance(d, xr.Dataset) or d.attrs.get("analysis") not in ("paired_binary", "paired_timing"):
+            raise KernelArgumentError(f"{name} must be a paired_binary or paired_timing result", key=name,
+                                      fix=f"pass {name}=paired_timing(...) or paired_binary(...)")
+    if aa.attrs["analysis"] != ab.attrs["analysis"]:
+        raise KernelArgumentError(f"aa is a {aa.attrs['analysis']} result but ab is a {ab.attrs['analysis']} result",
+                                  key="ab", fix="compare results of the same analysis")
+    est = ab.attrs["estimate"]
+    null = float(ab.attrs["null"])
+    e_aa, e_ab = float(aa[est]), float(ab[est])
+    nlo, nhi = float(aa.ci_low), float(aa.ci_high)
+    outside = not (nlo <= e_ab <= nhi)
+    excludes = not (float(ab.ci_low) <= null <= float(ab.ci_high))
+    ds = xr.Dataset(
+        {"estimate": ("comparison", [e_aa, e_ab]),
+         "ci_low": ("comparison", [nlo, float(ab.ci_low)]), "ci_high": ("comparison", [nhi, float(ab.ci_high)]),
+         "noise_low": nlo, "noise_high": nhi, "outside_noise": outside, "excludes_null": excludes,
+         "beats_noise": outside and excludes},
+        coords={"comparison": ["A/A", "A/B"]},
+    )
+    ds.attrs.update(analysis="aa_comparison", kind=ab.attrs["kind"], estimate=est, null=null,
+                    ci_method=ab.attrs["ci_method"], confidence=float(ab.attrs["confidence"]),
+                    rule="beats_noise: the A/B estimate lies outside the A/A interval and the A/B interval excludes the null")
+    return ds
