@@ -106,6 +106,25 @@ def cmd_samples(args) -> int:
     return 0
 
 
+def cmd_run(args) -> int:
+    from workbench.runner import load_params_file, run_notebooks
+
+    params = []
+    for f in args.params_file or []:
+        params += load_params_file(f)
+    params += [tuple(p) for p in args.parameter or []]
+    res = run_notebooks(args.notebooks or None, parameters=params, out=args.out,
+                        timeout=args.timeout, html_reports=not args.no_html)
+    print(f"\nreports in {res.out}/index.html, gates in {res.out}/results.json")
+    failed = [r for r in res.notebooks if r.status != "passed"]
+    if failed:
+        print(f"{len(failed)} of {len(res.notebooks)} notebook(s) failed:", file=sys.stderr)
+        for r in failed:
+            print(r.describe(), file=sys.stderr)
+        return 1
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="workbench", description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -137,6 +156,20 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--json", default=None, help="write the full result as JSON")
     s.add_argument("--rows", type=int, default=20, help="rows of the table to print")
     s.set_defaults(func=cmd_compare)
+
+    s = sub.add_parser("run", help="execute notebooks (papermill), write HTML reports and a gate verdict",
+                       description="Execute parameterized notebooks headless with the current interpreter's "
+                                   "kernel; write executed notebooks, offline HTML, results.json and index.html; "
+                                   "exit 1 naming the notebook, cell and gate that failed.")
+    s.add_argument("notebooks", nargs="*", help="notebook paths (default: every notebooks/*.ipynb)")
+    s.add_argument("-p", "--parameter", nargs=2, action="append", metavar=("NAME", "VALUE"),
+                   help="set a parameter (NAME or NOTEBOOK.NAME), converted to its declared type (repeatable)")
+    s.add_argument("-f", "--params-file", action="append", metavar="YAML",
+                   help="YAML mapping NAME: VALUE or NOTEBOOK: {NAME: VALUE} (repeatable; -p wins)")
+    s.add_argument("--out", default="reports", help="report folder (default: reports)")
+    s.add_argument("--timeout", type=float, default=300, help="seconds allowed to each cell (default 300)")
+    s.add_argument("--no-html", action="store_true", help="skip the HTML export")
+    s.set_defaults(func=cmd_run)
 
     s = sub.add_parser("samples", help="regenerate the bundled sample captures")
     s.add_argument("--out", default="captures")

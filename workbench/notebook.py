@@ -1,0 +1,228 @@
+"""Notebook helpers: setup, repo-relative paths, gates (recorded checks) and their assertion.
+
+A notebook of the workbench starts with::
+
+    import workbench.notebook as wb
+    wb.setup()
+
+and ends with ``wb.assert_gates()``. In between, every check that CI should enforce is a *gate*::
+
+    wb.gate("aa_noise_rel_l2", value=noise, threshold=max_aa_rel_l2)          # value <= threshold
+    wb.gate("first_divergence_layer", value=layer, threshold=3, op="==")
+
+A gate is displayed as a cell output carrying a machine-readable record (mimetype
+:data:`GATE_MIMETYPE`: name, value, threshold, op, passed) next to a readable line, so the
+executed notebook itself is the record: ``workbench run`` reads the gates back from the outputs,
+knows in which cell each was recorded, and writes them to its results JSON. ``assert_gates()``
+in the last cell raises :class:`~workbench.errors.GateError` naming every failed gate, after every
+figure has been drawn.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from workbench.errors import GateError, WorkbenchError
+
+__all__ = ["GATE_MIMETYPE", "Gate", "setup", "repo_root", "resolve", "gate", "gates",
+           "reset_gates", "assert_gates", "show", "explore"]
+
+GATE_MIMETYPE = "application/vnd.workbench.gate+json"
+ROOT_ENV = "WORKBENCH_ROOT"
+
+_OPS = {
+    "<=": lambda v, t: v <= t,
+    "<": lambda v, t: v < t,
+    ">=": lambda v, t: v >= t,
+    ">": lambda v, t: v > t,
+    "==": lambda v, t: v == t,
+    "!=": lambda v, t: v != t,
+}
+
+
+@dataclass(frozen=True)
+class Gate:
+    """One recorded check: ``passed`` is ``value <op> threshold`` (NaN never passes)."""
+
+    name: str
+    value: Any
+    threshold: Any
+    op: str = "<="
+    passed: bool = True
+    help: str = ""
+
+    def line(self) -> str:
+        verdict = "PASS" if self.passed else "FAIL"
+        return f"gate {self.name}: {verdict}  {_fmt(self.value)} {self.op} {_fmt(self.threshold)}" + (
+            f"  ({self.help})" if self.help else "")
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["value"], d["threshold"] = _jsonable(self.value), _jsonable(self.threshold)
+        return d
+
+
+_GATES: dict[str, Gate] = {}
+
+
+def _fmt(x: Any) -> str:
+    if isinstance(x, float):
+        return f"{x:.4g}"
+    return repr(x) if isinstance(x, str) else str(x)
+
+
+def _jsonable(x: Any) -> Any:
+    if hasattr(x, "item") and callable(x.item):  # numpy / torch scalars
+        try:
+            x = x.item()
+        except (TypeError, ValueError):
+            pass
+    if isinstance(x, float) and not math.isfinite(x):
+        return str(x)  # JSON has no NaN/Inf
+    if isinstance(x, (bool, int, float, str)) or x is None:
+        return x
+    return str(x)
+
+
+# -- setup and paths -----------------------------------------------------------------------------
+
+def repo_root(start: str | os.PathLike | None = None) -> Path:
+    """The workbench checkout: ``$WORKBENCH_ROOT`` or the first folder above ``start`` (default:
+    the working directory) that holds both ``notebooks/`` and ``captures/``; else ``start``."""
+    env = os.environ.get(ROOT_ENV)
+    if env:
+        return Path(env).resolve()
+    here = Path(start or os.getcwd()).resolve()
+    for d in (here, *here.parents):
+        if (d / "notebooks").is_dir() and (d / "captures").is_dir():
+            return d
+    return here
+
+
+def resolve(path: str | os.PathLike) -> Path:
+    """A notebook parameter path: absolute as given, relative paths against :func:`repo_root`,
+    so that the same defaults work in JupyterLab (cwd = notebooks/) and under ``workbench run``."""
+    p = Path(os.path.expanduser(str(path)))
+    return p if p.is_absolute() else repo_root() / p
+
+
+def setup(*, renderer: str | None = "plotly_mimetype") -> None:
+    """Prepare a notebook: forget earlier gates (re-running all cells starts fresh) and make plotly
+    emit its own mimetype only, which JupyterLab renders with the bundled extension and
+    ``workbench run`` turns into HTML with one shared local plotly.js (no 5 MB per figure)."""
+    reset_gates()
+    if renderer:
+        import plotly.io as pio
+
+        pio.renderers.default = renderer
+
+
+def show(fig) -> None:
+    """Display a plotly figure at top level (an alias that keeps notebooks short)."""
+    from IPython.display import display
+
+    display(fig)
+
+
+def explore(figure, **controls):
+    """A small widget UI: one control per keyword, redrawing ``figure(**values)`` on every change.
+
+    ``controls`` are what :func:`ipywidgets.interactive` accepts: a list of choices (dropdown),
+    ``(min, max)`` or ``(min, max, step)`` (slider), a bool (checkbox), or a widget. The figure is
+    displayed in an Output widget, so JupyterLab renders plotly's mimetype there too.
+
+    Example
+    -------
+    >>> wb.explore(lambda metric: layer_curves(res, metric=metric), metric=["rel_l2", "max_abs"])  # doctest: +SKIP
+    """
+    import ipywidgets as W
+    from IPython.display import display
+
+    ui = W.interactive(figure, {"auto_display": True}, **controls)
+    ui.add_class("workbench-explorer")
+    display(ui)
+    return ui
+
+
+# -- gates -----------------------------------------------------------------------------------------
+
+def gate(name: str, value: Any, threshold: Any, *, op: str = "<=", help: str = "",
+         display: bool = True) -> None:
+    """Record the check ``value <op> threshold`` under ``name`` and display it.
+
+    Parameters
+    ----------
+    name: a short identifier (``aa_noise_rel_l2``); recording the same name again replaces it
+    value, threshold: numbers (or anything comparable with ``op``)
+    op: one of ``<=``, ``<``, ``>=``, ``>``, ``==``, ``!=``
+    help: what the gate protects, shown next to it
+    display: show the gate as a cell output (the runner reads it from there)
+
+    A failing gate does not raise here, :func:`assert_gates` does; :func:`gates` lists them.
+    """
+    if op not in _OPS:
+        raise WorkbenchError(f"gate {name!r}: unknown op {op!r}", key="op",
+                             fix=f"use one of {list(_OPS)}")
+    if not isinstance(name, str) or not name:
+        raise WorkbenchError(f"a gate name must be a non-empty string, got {name!r}", key="name",
+                             fix="name the check, e.g. gate('aa_noise_rel_l2', ...)")
+    try:
+        passed = bool(_OPS[op](value, threshold))
+    except TypeError as e:
+        raise WorkbenchError(f"gate {name!r}: cannot compare {value!r} {op} {threshold!r}: {e}",
+                             key=name, fix="pass comparable values (numbers)") from None
+    if isinstance(value, float) and math.isnan(value):
+        passed = False
+    g = Gate(name=name, value=_jsonable(value), threshold=_jsonable(threshold), op=op,
+             passed=passed, help=help)
+    _GATES[name] = g
+    if display:
+        _display_gate(g)
+
+
+def _display_gate(g: Gate) -> None:
+    from IPython.display import display
+
+    color = "#1a7f37" if g.passed else "#cf222e"
+    badge = "PASS" if g.passed else "FAIL"
+    body = html.escape(f"{_fmt(g.value)} {g.op} {_fmt(g.threshold)}")
+    helptext = f" <span style='color:#57606a'>({html.escape(g.help)})</span>" if g.help else ""
+    html_out = (f"<div class='workbench-gate' data-gate='{html.escape(g.name)}' "
+                f"data-passed='{str(g.passed).lower()}' style='font-family:monospace'>"
+                f"<b style='color:{color}'>{badge}</b> gate <b>{html.escape(g.name)}</b>: "
+                f"{body}{helptext}</div>")
+    display({GATE_MIMETYPE: g.to_dict(), "text/html": html_out, "text/plain": g.line()}, raw=True)
+
+
+def gates() -> list[Gate]:
+    """Gates recorded so far in this kernel, in recording order."""
+    return list(_GATES.values())
+
+
+def reset_gates() -> None:
+    _GATES.clear()
+
+
+def assert_gates(*, require: int = 1) -> None:
+    """Raise :class:`GateError` naming every failed gate; call it in a notebook's last cell.
+
+    ``require``: the least number of gates that must have been recorded (a notebook whose gates
+    were skipped by mistake fails instead of passing silently).
+    """
+    gs = gates()
+    if len(gs) < require:
+        raise GateError(f"only {len(gs)} gate(s) recorded, expected at least {require}",
+                        fix="record checks with workbench.notebook.gate(...) before assert_gates()")
+    failed = [g for g in gs if not g.passed]
+    if failed:
+        names = ", ".join(g.name for g in failed)
+        detail = "; ".join(f"{g.name}: {_fmt(g.value)} {g.op} {_fmt(g.threshold)} is false" for g in failed)
+        raise GateError(f"{len(failed)} of {len(gs)} gate(s) failed: {names} ({detail})", key=names,
+                        fix="look at the figures above; change the threshold parameter only if the "
+                            "new behaviour is intended")
+    print(f"all {len(gs)} gate(s) passed: " + ", ".join(g.name for g in gs))
