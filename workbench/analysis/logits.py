@@ -142,14 +142,11 @@ def logit_rounding(logits=None, *, hidden=None, weight=None, dtype: str = "bf16"
     others.scatter_(-1, chosen[:, None], -torch.inf)
     second = others.amax(-1)
     margin_ulp = ulp_steps(second.numpy(), vmax[:, 0].numpy(), d)
-    # leading tokens by FP64 value (ties to the lower id), widened to cover all tied tokens
+    # leading tokens by FP64 value (ties to the lower id); rounding is monotone, so the tokens tied
+    # after rounding are the first n_tied of this order and k = max(top, n_tied) holds them all
     k = min(V, max(top, int(n_tied.max())))
     order64 = torch.sort(-x64, dim=-1, stable=True).indices
-    tok = order64[:, :k].clone()
-    for r in range(R):  # tied tokens outside the FP64 top-k replace the tail (rare, few rows)
-        missing = [t for t in torch.nonzero(tied_all[r]).flatten().tolist() if t not in set(tok[r].tolist())]
-        if missing:
-            tok[r, k - len(missing):] = torch.tensor(missing)
+    tok = order64[:, :k]
     top64 = x64.gather(-1, order64[:, :2])
     margin64 = (top64[:, 0] - top64[:, 1]).numpy()
     sel = x64.gather(-1, tok).numpy()
