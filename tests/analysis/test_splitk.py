@@ -1,0 +1,140 @@
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from workbench.analysis.splitk import splitk_findings, splitk_sweep, splitk_sweep_capture
+from workbench.capture import CaptureWriter, open_capture
+from workbench.errors import KernelArgumentError
+
+CAPTURES = Path(__file__).resolve().parents[2] / "captures"
+
+
+def planted(seed=1, K=256, N=16, delta=2e-4):
+    """A projection whose top-2 outputs (tokens 1 and 0) differ by ``delta`` in FP64: fp32
+    partials keep the order, bf16/fp16 partials (error ~ |partial| 2^-9) flip it at some splits."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(1, K, generator=g)
+    w = torch.randn(N, K, generator=g) / K ** 0.5
+    w[1] = w[0] + torch.randn(K, generator=g) * 0.05 / K ** 0.5
+    w[2:] *= 0.1
+    y = (x.double() @ w.double().T)[0]
+    w[1] -= ((y[1] - y[0]).item() - delta) * x[0] / x[0].pow(2).sum()
+    return x, w
+
+
+@pytest.fixture(scope="module")
+def sweep():
+    x, w = planted()
+    return splitk_sweep(x, w, splits=range(1, 17), partial_dtypes=["fp32", "bf16"], orders=["sequential", "tree"],
+                        logits_dtype=None)
+
+
+def test_grid_dims_and_fp64_choice(sweep):
+    assert sweep.fails.dims == ("splits", "partial_dtype", "order")
+    assert sweep.token.dims == ("splits", "partial_dtype", "order", "row")
+    assert sweep.splits.values.tolist() == list(range(1, 17))
+    assert sweep.token_fp64.values.tolist() == [1] and sweep.token_control.values.tolist() == [1]
+    assert sweep.attrs["oracle"].startswith("exact FP64")
+
+
+def test_bf16_partials_flip_some_splits_and_are_the_cause(sweep):
+    fp32 = sweep.fails.sel(partial_dtype="fp32")
+    bf16 = sweep.fails.sel(partial_dtype="bf16")
+    assert not fp32.any()
+    n = int(bf16.sel(order="sequential").sum())
+    assert 0 < n < 16
+    assert not bool(bf16.sel(splits=1).any())  # one slice: the single partial is the fp32 sum itself, then bf16
+    # every bf16 failure passes with fp32 partials at the same splits/order: the partials are the cause
+    assert (sweep.partial_cause.sel(partial_dtype="bf16") == bf16).all()
+    assert not sweep.partial_cause.sel(partial_dtype="fp32").any()
+    assert int(sweep.n_fail.sel(partial_dtype="bf16", order="sequential")) == n
+    flipped = sweep.token.sel(partial_dtype="bf16", order="sequential").values[bf16.sel(order="sequential").values]
+    assert (flipped == 0).all()
+    # errors: bf16 partials are far worse than fp32 partials
+    assert float(sweep.rel_l2.sel(partial_dtype="bf16").max()) > 100 * float(sweep.rel_l2.sel(partial_dtype="fp32").max())
+
+
+def test_findings_say_how_many_fail_and_why(sweep):
+    lines = splitk_findings(sweep)
+    assert len(lines) == 4
+    n = int(sweep.fails.sel(partial_dtype="bf16", order="sequential").sum())
+    bf = [l for l in lines if l.startswith("bf16 partials, sequential")][0]
+    assert f"{n} of 16 split counts change the token" in bf and f"{16 - n} pass" in bf
+    assert "the cause is the partials stored in bf16" in bf
+    assert all("all pass" in l for l in lines if l.startswith("fp32"))
+
+
+def test_control_config_and_logits_dtype():
+    x, w = planted()
+    ds = splitk_sweep(x, w, splits=[1, 2], partial_dtypes=["fp32"], orders=["sequential"],
+                      control={"splits": 2, "partial_dtype": "bf16"})
+    assert "'splits': 2" in ds.attrs["control"] and ds.attrs["logits_dtype"] == "bf16"
+    assert ds.flip_control.dims[-1] == "row"
+
+
+def write_projection(path, x, w):
+    with CaptureWriter(path, arm="control", run={}) as cw:
+        cw.add(x.reshape(1, 1, -1), step=0, op="lm_head", name="input")
+        cw.add(w, step=0, op="lm_head", name="weight")
+    return path
+
+
+def test_capture_route_matches_tensors(tmp_path):
+    x, w = planted()
+    cap = open_capture(write_projection(tmp_path / "cap", x, w))
+    kw = dict(splits=[1, 3, 5, 8], partial_dtypes=["fp32", "bf16"], orders=["sequential"], logits_dtype=None)
+    a = splitk_sweep_capture(cap, **kw)
+    b = splitk_sweep(x, w, **kw)
+    np.testing.assert_array_equal(a.fails.values, b.fails.values)
+    np.testing.assert_array_equal(a.rel_l2.values, b.rel_l2.values)
+    assert a.attrs["capture"] == str(cap.path)
+    c = splitk_sweep_capture(cap, weight=w, weight_name="absent", **kw)
+    np.testing.assert_array_equal(c.token.values, b.token.values)
+    with pytest.raises(KernelArgumentError, match="weight"):
+        splitk_sweep_capture(cap, weight_name="absent", **kw)
+
+
+def test_argument_errors():
+    x, w = planted()
+    with pytest.raises(KernelArgumentError):
+        splitk_sweep(x[0], w)
+    with pytest.raises(KernelArgumentError):
+        splitk_sweep(x, w, splits=[])
+    with pytest.raises(KernelArgumentError):
+        splitk_sweep(x, w, splits=[1000])  # more splits than K: the gemm API refuses it
+
+
+def _bundled(*words):
+    out = []
+    if CAPTURES.is_dir():
+        for p in sorted(CAPTURES.iterdir()):
+            if (p / "manifest.json").is_file():
+                for k, v in (open_capture(p).run.get("expect") or {}).items():
+                    if any(wd in k.lower() for wd in words):
+                        out.append(pytest.param(p, k, v, id=f"{p.name}-{k}"))
+    return out or [pytest.param(None, None, None, marks=pytest.mark.skip(reason="no bundled split-K capture yet"))]
+
+
+@pytest.mark.parametrize("path,key,expect", _bundled("split"))
+def test_bundled_splitk_capture_planted_answer(path, key, expect):
+    """A bundled capture whose run["expect"] plants a split-K flip: the sweep finds that config."""
+    cap = open_capture(path)
+    exp = expect if isinstance(expect, dict) else {}
+    key_kw = {k: exp[k] for k in ("op", "step", "rank", "layer") if k in exp}
+    fail = exp.get("fails", exp.get("fail", exp.get("splits")))
+    passes = exp.get("passes", exp.get("pass"))
+    splits = sorted({int(s) for s in np.atleast_1d(fail if fail is not None else []).tolist()}
+                    | {int(s) for s in np.atleast_1d(passes if passes is not None else []).tolist()} | {1})
+    pd_ = exp.get("partial_dtype", "bf16")
+    ds = splitk_sweep_capture(cap, splits=splits, partial_dtypes=sorted({"fp32", pd_}),
+                              orders=[exp.get("order", "sequential")],
+                              logits_dtype=exp.get("logits_dtype", "bf16"), **key_kw)
+    got = ds.fails.sel(partial_dtype=pd_).isel(order=0)
+    for s in np.atleast_1d(fail if fail is not None else []).tolist():
+        assert bool(got.sel(splits=int(s))), f"{key}: splits={s} should change the token"
+    for s in np.atleast_1d(passes if passes is not None else []).tolist():
+        assert not bool(got.sel(splits=int(s))), f"{key}: splits={s} should keep the token"
+    if exp.get("cause") in ("partials", "partial_dtype", "bf16_partials"):
+        assert bool(ds.partial_cause.sel(partial_dtype=pd_).isel(order=0).sel(splits=int(np.atleast_1d(fail)[0])))
