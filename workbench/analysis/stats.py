@@ -194,13 +194,13 @@ def paired_binary_table(n11: int, n10: int, n01: int, n00: int, *, confidence: f
             "n": n, "pass_control": n11 + n10, "pass_candidate": n11 + n01,
             "rate_control": (n11 + n10) / n, "rate_candidate": (n11 + n01) / n,
             "control_only": n10, "candidate_only": n01, "discordant": n10 + n01,
-            "diff": (n01 - n10) / n, "ci_low": lo, "ci_high": hi, "p_value": p,
+            "rate_diff": (n01 - n10) / n, "ci_low": lo, "ci_high": hi, "p_value": p,
             "significant": p < alpha,
         },
         coords={"control": ["pass", "fail"], "candidate": ["pass", "fail"]},
     )
-    ds["diff"].attrs["units"] = "proportion (candidate - control)"
-    ds.attrs.update(analysis="paired_binary", kind="binary", estimate="diff", null=0.0, confidence=float(confidence),
+    ds["rate_diff"].attrs["units"] = "proportion (candidate - control)"
+    ds.attrs.update(analysis="paired_binary", kind="binary", estimate="rate_diff", null=0.0, confidence=float(confidence),
                     alpha=float(alpha),
                     test="exact McNemar: two-sided binomial test of control_only vs candidate_only pairs, p = 1/2",
                     ci_method="Newcombe (1998) hybrid score interval, method 10 (Wilson intervals + phi correlation)")
@@ -220,7 +220,7 @@ def paired_binary(control: Sequence[bool], candidate: Sequence[bool], *, confide
     Returns
     -------
     xarray.Dataset: ``table[control, candidate]`` (pass/fail counts of the pairs), ``n``,
-    ``pass_*``, ``rate_*``, ``control_only`` / ``candidate_only`` (discordant counts), ``diff``
+    ``pass_*``, ``rate_*``, ``control_only`` / ``candidate_only`` (discordant counts), ``rate_diff``
     (candidate - control rate), ``ci_low``/``ci_high`` (Newcombe), ``p_value`` (exact McNemar),
     ``significant``; ``outcome[case, arm]``.
 
