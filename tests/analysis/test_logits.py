@@ -183,3 +183,12 @@ def test_bundled_tie_capture_planted_answer(path, key, expect):
         if name in exp:
             assert tied == sorted(int(t) for t in exp[name])
     assert int(r.chosen) == min(tied)  # the tie rule: lowest index
+
+
+def test_docstring_examples_run():
+    import doctest
+
+    import workbench.analysis.logits as mod
+
+    res = doctest.testmod(mod, extraglobs={"torch": torch} if hasattr(mod, "torch") else {}, optionflags=doctest.ELLIPSIS)
+    assert res.failed == 0 and res.attempted > 0

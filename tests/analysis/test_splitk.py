@@ -138,3 +138,12 @@ def test_bundled_splitk_capture_planted_answer(path, key, expect):
         assert not bool(got.sel(splits=int(s))), f"{key}: splits={s} should keep the token"
     if exp.get("cause") in ("partials", "partial_dtype", "bf16_partials"):
         assert bool(ds.partial_cause.sel(partial_dtype=pd_).isel(order=0).sel(splits=int(np.atleast_1d(fail)[0])))
+
+
+def test_docstring_examples_run():
+    import doctest
+
+    import workbench.analysis.splitk as mod
+
+    res = doctest.testmod(mod, extraglobs={"torch": torch} if hasattr(mod, "torch") else {}, optionflags=doctest.ELLIPSIS)
+    assert res.failed == 0 and res.attempted > 0

@@ -128,3 +128,12 @@ def test_argument_errors():
         paired_timing([1.0, -1.0], [1.0, 1.1])
     with pytest.raises(KernelArgumentError, match="confidence"):
         newcombe_paired_ci(1, 2, 3, 4, confidence=95)
+
+
+def test_docstring_examples_run():
+    import doctest
+
+    import workbench.analysis.stats as mod
+
+    res = doctest.testmod(mod, extraglobs={"torch": torch} if hasattr(mod, "torch") else {}, optionflags=doctest.ELLIPSIS)
+    assert res.failed == 0 and res.attempted > 0
