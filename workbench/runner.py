@@ -327,9 +327,10 @@ class PlotlyToHTML(_preprocessor_base()):
 
 
 _TEMPLATE = r"""{%- extends 'lab/index.html.j2' -%}
-{#- offline: no require.js (it would capture plotly.js as an AMD module) and no MathJax from a CDN -#}
+{#- offline: no require.js (it would capture plotly.js as an AMD module), no MathJax or mermaid from a CDN -#}
 {%- block html_head_js_requirejs -%}{%- endblock html_head_js_requirejs -%}
 {%- block html_head_js_mathjax -%}{%- endblock html_head_js_mathjax -%}
+{%- block html_head_js_mermaidjs -%}{%- endblock html_head_js_mermaidjs -%}
 {%- block html_head_js -%}
 {{ super() }}
 <script src="{{ resources.plotly_js_url }}"></script>

@@ -1,0 +1,160 @@
+"""Real-browser tests: JupyterLab driven by headless chromium (Playwright), and an exported HTML
+report opened from disk with the network blocked. Screenshots are kept in the test's tmp dir and
+copied to /tmp/wb-screens/.
+
+Skipped (with the reason) only when the playwright package or a chromium binary is missing; CI
+installs both (`pip install playwright`, `apt-get install chromium`; never `playwright install`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from .conftest import ROOT
+
+CHROMIUM = os.environ.get("WORKBENCH_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
+SCREENS = Path("/tmp/wb-screens")
+
+try:
+    from playwright.sync_api import sync_playwright
+except ImportError:  # pragma: no cover - depends on the environment
+    sync_playwright = None
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(sync_playwright is None, reason="the playwright Python package is not installed "
+                       "(pip install playwright)"),
+    pytest.mark.skipif(CHROMIUM is None, reason="no chromium binary (apt-get install chromium, or set "
+                       "WORKBENCH_CHROMIUM)"),
+]
+
+
+def _keep(page, tmp_path: Path, name: str) -> Path:
+    shot = tmp_path / name
+    page.screenshot(path=str(shot), full_page=True)
+    SCREENS.mkdir(parents=True, exist_ok=True)
+    shutil.copy(shot, SCREENS / name)
+    return shot
+
+
+@pytest.fixture
+def browser():
+    with sync_playwright() as pw:
+        b = pw.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def lab(tmp_path):
+    """JupyterLab on a free localhost port, temporary token, config, runtime and workspace dirs,
+    serving a copy of first_divergence.ipynb with interactive = True."""
+    root = tmp_path / "lab"
+    root.mkdir()
+    nb = nbformat.read(ROOT / "notebooks" / "first_divergence.ipynb", as_version=4)
+    (cell,) = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
+    assert "interactive: bool = False" in cell.source
+    cell.source = cell.source.replace("interactive: bool = False", "interactive: bool = True")
+    nbformat.write(nb, root / "first_divergence.ipynb")
+    port, token = _free_port(), os.urandom(16).hex()
+    env = dict(os.environ, JUPYTER_CONFIG_DIR=str(tmp_path / "config"),
+               JUPYTER_RUNTIME_DIR=str(tmp_path / "runtime"), WORKBENCH_ROOT=str(ROOT),
+               JUPYTER_PLATFORM_DIRS="1")
+    log = open(tmp_path / "lab.log", "w")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "jupyterlab", "--no-browser", f"--port={port}", "--ip=127.0.0.1",
+         f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root}", "--ServerApp.port_retries=0",
+         f"--LabApp.workspaces_dir={tmp_path / 'workspaces'}", "--LabApp.news_url=",
+         "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"]
+        + (["--allow-root"] if hasattr(os, "geteuid") and os.geteuid() == 0 else []),
+        env=env, stdout=log, stderr=subprocess.STDOUT, cwd=root)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 60
+        while True:
+            try:
+                urllib.request.urlopen(f"{base}/api/status?token={token}", timeout=2)
+                break
+            except OSError:
+                if proc.poll() is not None or time.time() > deadline:
+                    raise RuntimeError("JupyterLab did not start:\n" + (tmp_path / "lab.log").read_text()[-3000:])
+                time.sleep(0.5)
+        yield base, token
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+
+
+def _explorer_ytitle(page) -> str:
+    return page.locator(".workbench-explorer .js-plotly-plot .ytitle").first.text_content()
+
+
+def test_jupyterlab_runs_notebook_and_widget_redraws(lab, browser, tmp_path):
+    base, token = lab
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.goto(f"{base}/lab/tree/first_divergence.ipynb?token={token}")
+    page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=60_000)
+    page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=60_000)
+    page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
+    page.locator(".lm-Menu-itemLabel", has_text="Run All Cells").first.click()
+    page.get_by_text("all 2 gate(s) passed").wait_for(timeout=120_000)
+    page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=60_000)
+    # two figures at top level and one in the explorer, all drawn by plotly.js
+    page.wait_for_selector(".workbench-explorer .js-plotly-plot .main-svg", timeout=60_000)
+    assert page.locator(".jp-OutputArea .js-plotly-plot .main-svg").count() >= 3
+    assert _explorer_ytitle(page) == "rel_l2"
+    page.locator(".workbench-explorer select").first.select_option("max_abs")
+    page.wait_for_function(
+        "() => document.querySelector('.workbench-explorer .js-plotly-plot .ytitle')?.textContent === 'max_abs'",
+        timeout=30_000)
+    page.locator(".workbench-explorer").scroll_into_view_if_needed()
+    _keep(page, tmp_path, "jupyterlab_first_divergence.png")
+    assert not page.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']",
+                            has_text="Traceback").count()
+
+
+def test_html_report_renders_offline(suite, browser, tmp_path):
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    blocked = []
+
+    def route(r):
+        if r.request.url.startswith("file:"):
+            r.continue_()
+        else:
+            blocked.append(r.request.url)
+            r.abort()
+
+    page.route("**/*", route)
+    errors = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto((suite.out / "first_divergence.html").as_uri())
+    page.wait_for_selector(".js-plotly-plot .main-svg", timeout=30_000)
+    assert page.locator(".js-plotly-plot").count() >= 2
+    assert page.locator(".js-plotly-plot .heatmaplayer, .js-plotly-plot .hm").count() >= 1
+    assert page.locator(".workbench-gate[data-passed='true']").count() == 2
+    assert not errors, errors
+    _keep(page, tmp_path, "report_first_divergence.png")
+    assert json.loads((suite.out / "results.json").read_text())["ok"]

@@ -1,0 +1,98 @@
+"""Every notebook in notebooks/: stored clean, executed by papermill with its gates passing,
+exported to offline HTML; a failing gate fails `workbench run`, naming notebook, cell and gate.
+New notebooks are picked up automatically."""
+
+from __future__ import annotations
+
+import json
+
+import nbformat
+import pytest
+
+from workbench.cli import main
+from workbench.runner import PLOTLY_MIMETYPE, parse_parameters
+
+from .conftest import NOTEBOOKS, ROOT
+
+ids = [p.stem for p in NOTEBOOKS]
+
+
+def test_there_are_notebooks():
+    assert {"first_divergence", "tour"} <= set(ids)
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=ids)
+def test_stored_notebook_is_clean(path):
+    nb = nbformat.read(path, as_version=4)
+    nbformat.validate(nb)
+    for i, c in enumerate(nb.cells, 1):
+        if c.cell_type == "code":
+            assert c.outputs == [] and c.execution_count is None, \
+                f"{path.name} cell {i} has outputs: run scripts/strip_notebooks.py"
+    assert not nb.metadata.get("widgets"), f"{path.name} stores widget state: strip it"
+    params = {p.name: p for p in parse_parameters(nb, path=path)}  # exactly one parameters cell
+    assert params["interactive"].type == "bool" and params["interactive"].default is False
+    assert all(p.help for p in params.values()), f"{path.name}: every parameter needs a '# help'"
+    last = nb.cells[-1]
+    assert last.cell_type == "code" and "assert_gates()" in last.source, "the last cell asserts the gates"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=ids)
+def test_notebook_runs_and_gates_pass(suite, path):
+    (r,) = [r for r in suite.notebooks if r.notebook == f"notebooks/{path.name}"]
+    assert r.status == "passed", r.describe()
+    assert r.gates and all(g["passed"] for g in r.gates)
+    executed = nbformat.read(suite.out / r.ipynb, as_version=4)
+    figures = [o for c in executed.cells if c.cell_type == "code" for o in c.outputs
+               if PLOTLY_MIMETYPE in o.get("data", {})]
+    assert figures, "every notebook shows at least one figure"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=ids)
+def test_html_report_is_offline(suite, path):
+    page = (suite.out / f"{path.stem}.html").read_text()
+    assert page.count('<script src="plotly.min.js"></script>') == 1
+    assert page.count("Plotly.newPlot") >= 1 and "plotly-graph-div" in page
+    assert len(page) < 2_000_000, "plotly.js must not be inlined"
+    for cdn in ("cdn.plot.ly", "cdnjs.cloudflare.com", "cdn.jsdelivr.net", "unpkg.com"):
+        assert cdn not in page
+
+
+def test_results_and_index(suite):
+    res = json.loads((suite.out / "results.json").read_text())
+    assert res["ok"] and {n["notebook"] for n in res["notebooks"]} == {f"notebooks/{p.name}" for p in NOTEBOOKS}
+    assert (suite.out / "plotly.min.js").stat().st_size > 1_000_000
+    index = (suite.out / "index.html").read_text()
+    for p in NOTEBOOKS:
+        assert f"href='{p.stem}.html'" in index
+
+
+def test_failing_gate_fails_the_run(tmp_path, capsys):
+    nb = ROOT / "notebooks" / "tour.ipynb"
+    rc = main(["run", str(nb), "-p", "max_rel_l2", "1e-12", "--out", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert rc == 1
+    src = nbformat.read(nb, as_version=4)
+    last, gates_cell = len(src.cells), next(
+        i for i, c in enumerate(src.cells, 1) if "wb.gate(\"tensor_rel_l2\"" in c.source)
+    assert f"FAILED  notebooks/tour.ipynb: cell {last} raised GateError: 1 of 2 gate(s) failed: tensor_rel_l2" in err
+    assert f"gate 'tensor_rel_l2' (recorded in cell {gates_cell})" in err
+    res = json.loads((tmp_path / "results.json").read_text())
+    (r,) = res["notebooks"]
+    assert not res["ok"] and r["status"] == "failed" and r["failed_gates"] == ["tensor_rel_l2"]
+    assert r["parameters"] == {"max_rel_l2": 1e-12}
+    page = (tmp_path / "tour.html").read_text()  # the report of a failed run is still written
+    assert "Plotly.newPlot" in page and "GateError" in page
+
+
+def test_interactive_run_saves_widget_state(tmp_path):
+    from workbench.runner import run_notebooks
+
+    res = run_notebooks([ROOT / "notebooks" / "first_divergence.ipynb"], parameters={"interactive": True},
+                        out=tmp_path, log=lambda *_: None)
+    assert res.ok, res.notebooks[0].describe()
+    executed = nbformat.read(tmp_path / "first_divergence.ipynb", as_version=4)
+    state = executed.metadata["widgets"]["application/vnd.jupyter.widget-state+json"]["state"]
+    assert any(m["model_name"] == "DropdownModel" for m in state.values())
+    page = (tmp_path / "first_divergence.html").read_text()
+    assert "application/vnd.jupyter.widget-state+json" in page
