@@ -268,6 +268,14 @@ def _trajectory(arm, label: str, op: str, name: str, position: int) -> tuple[tor
     return _rows(label, arm), None
 
 
+def _describe(arm) -> str:
+    if isinstance(arm, Capture):
+        return str(arm.path)
+    if isinstance(arm, str) or hasattr(arm, "__fspath__"):
+        return str(arm)
+    return "logits given as tensors"
+
+
 def greedy_parity(control, candidate, *, dtype: str = "bf16", op: str = "sampler", name: str = "input",
                   position: int = -1) -> xr.Dataset:
     """Per decode step: does greedy pick the same token in both arms, with what margin, on a tie?
@@ -316,6 +324,5 @@ def greedy_parity(control, candidate, *, dtype: str = "bf16", op: str = "sampler
     ds.attrs.update(analysis="greedy_parity", materialized_dtype=canonical(dtype), tie_rule=TIE_RULE,
                     n_steps=int(ra.shape[0]), n_same=int(ds.same.sum()),
                     first_mismatch=int(steps[bad[0]]) if len(bad) else -1,
-                    control=str(getattr(control, "path", control)) if not isinstance(control, torch.Tensor) else "tensor",
-                    candidate=str(getattr(candidate, "path", candidate)) if not isinstance(candidate, torch.Tensor) else "tensor")
+                    control=_describe(control), candidate=_describe(candidate))
     return ds
