@@ -133,6 +133,7 @@ def _runners(x, op):
         run["numba"] = lambda: numba_cuda.launch("chunked", s, 64, tensors, st_n, o)
         run["ext"] = lambda: ext.launch("chunked", s, 64, 0, tensors, st_e, o)
         if s.T <= 8192:
+            run.update(_numba_phases(s, tensors, state.clone(), o.clone()))
             run["numba_recurrent"] = lambda: numba_cuda.launch("recurrent", s, 64, tensors, st_n, o)
             run["ext_recurrent"] = lambda: ext.launch("recurrent", s, 64, 0, tensors, st_e, o)
     try:
@@ -143,6 +144,30 @@ def _runners(x, op):
     except Exception as e:
         print("fla unavailable:", e)
     return s, run
+
+
+def _numba_phases(s, tensors, state, o, C=64):
+    """The three launches of numba's chunked form, one runner each (where the time goes)."""
+    nc = numba_cuda
+    q, k, v, g, beta = tensors
+    NC, cfg, dev = (s.T + C - 1) // C, nc._config(s.K, s.V, C), q.device
+    f32 = dict(dtype=torch.float32, device=dev)
+    gcum, W, U = (torch.empty(s.B, s.HV, s.T, **f32), torch.empty(s.B, s.HV, s.T, s.K, **f32),
+                  torch.empty(s.B, s.HV, s.T, s.V, **f32))
+    pbv = cfg["pass_bv"]
+    run = {
+        "numba_phase1_prepare": lambda: nc._go(nc._kernel("prepare", s.K, s.V, C), s.B * s.HV * NC,
+                                               cfg["phase"], [k, v, g, beta, gcum, W, U, s.T, s.H,
+                                                              s.HV, NC], dev),
+        "numba_phase2_state_pass": lambda: nc._go(
+            nc._kernel("state_pass", s.K, s.V, C), (s.B * s.HV, (s.V + pbv - 1) // pbv),
+            cfg["pass_threads"], [q, k, gcum, W, U, o, state, s.T, s.H, s.HV, s.V], dev),
+        "numba_phase3_output": lambda: nc._go(nc._kernel("output", s.K, s.V, C), s.B * s.HV * NC,
+                                              cfg["phase"], [q, k, gcum, U, o, s.T, s.H, s.HV, NC,
+                                                             s.scale], dev),
+    }
+    run["numba_phase1_prepare"]()
+    return run
 
 
 def correctness(report):

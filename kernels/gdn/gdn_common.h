@@ -45,7 +45,8 @@ GDN_HD long state_index(int b, int hv, int HV, int K, int V) { return ((long)b *
 // cumulative log decay and A[i][j] = beta_i (k_i . k_j) exp(gc_i - gc_j) for j < i:
 //   1. prepare (every chunk in parallel): W = (I + A)^-1 (beta exp(gc) K), U = (I + A)^-1 (beta V)
 //   2. state pass (sequential over chunks): U <- U - W S (the chunk's delta-rule values);
-//      o_i <- exp(gc_i) q_i S; S <- exp(gc_last) S + sum_j exp(gc_last - gc_j) k_j U_j^T
+//      o_i <- exp(gc_i) q_i S; S <- exp(gc_last) S + sum_j k_j (exp(gc_last - gc_j) U_j)^T, the
+//      decays computed once per chunk and the decayed U kept in shared memory
 //   3. output (every chunk in parallel): o_i <- scale (o_i + sum_{j<=i} (q_i . k_j) exp(gc_i - gc_j) U_j)
 // Workspace (float32): gcum [B,HV,T], W [B,HV,T,K], U [B,HV,T,V].
 // Each phase function is run cooperatively by nt threads (thread tid) that call sync() between
@@ -113,12 +114,22 @@ GDN_HD void chunk_prepare(const float* k, const float* v, const float* g, const 
   }
 }
 
+// Scratch floats of phase 2 for a tile of BV columns (stage_k: the chunk's keys are staged).
+GDN_HD long state_pass_scratch_floats(int C, int K, int BV, bool stage_k) {
+  return (long)K * BV + (long)C * BV + 2L * C + (stage_k ? (long)C * K : 0L);
+}
+
 template <typename Acc, typename Sync>
 GDN_HD void chunk_state_pass(const float* q, const float* k, const float* gcum, const float* W,
                              float* U, float* o, float* state, int T, int H, int HV, int K, int V,
                              int C, int b, int hv, int c0, int BV, int tid, int nt, Sync sync,
-                             float* S /* [K][BV] */) {
+                             float* scratch, bool stage_k) {
   const int h = hv / (HV / H), bv = imin(BV, V - c0);
+  float* S = scratch;         // [K][BV] state tile
+  float* Ud = S + K * BV;     // [C][BV] exp(gc_last - gc_j) U_j, the decayed writes
+  float* dq = Ud + C * BV;    // [C] exp(gc_i)
+  float* dk = dq + C;         // [C] exp(gc_last - gc_j)
+  float* Ks = dk + C;         // [C][K] staged keys (stage_k)
   float* st = state + state_index(b, hv, HV, K, V);
   for (int i = tid; i < K * bv; i += nt) S[(i / bv) * BV + i % bv] = st[(long)(i / bv) * V + c0 + i % bv];
   for (int t0 = 0; t0 < T; t0 += C) {
@@ -126,6 +137,18 @@ GDN_HD void chunk_state_pass(const float* q, const float* k, const float* gcum, 
     const float* Wc = W + ws_row(b, hv, t0, HV, T) * K;
     float* Uc = U + ws_row(b, hv, t0, HV, T) * V + c0;
     const float* gc = gcum + ws_row(b, hv, t0, HV, T);
+    const float* kc = k + qk_index(b, t0, h, T, H, K);
+    long kst = (long)H * K;
+    sync();
+    if (stage_k) {
+      for (int i = tid; i < L * K; i += nt) Ks[i] = kc[(i / K) * kst + i % K];
+      kc = Ks;
+      kst = K;
+    }
+    for (int i = tid; i < L; i += nt) {
+      dq[i] = (float)expo<Acc>((Acc)gc[i]);
+      dk[i] = (float)expo<Acc>((Acc)gc[L - 1] - (Acc)gc[i]);
+    }
     sync();
     for (int idx = tid; idx < L * bv; idx += nt) {
       const int i = idx / bv, c = idx % bv;
@@ -136,17 +159,17 @@ GDN_HD void chunk_state_pass(const float* q, const float* k, const float* gcum, 
         ws += (Acc)Wc[(long)i * K + kk] * s;
         qs += (Acc)qi[kk] * s;
       }
-      Uc[(long)i * V + c] = (float)((Acc)Uc[(long)i * V + c] - ws);
-      o[v_index(b, t0 + i, hv, T, HV, V) + c0 + c] = (float)(expo<Acc>((Acc)gc[i]) * qs);
+      const float un = (float)((Acc)Uc[(long)i * V + c] - ws);
+      Uc[(long)i * V + c] = un;
+      Ud[i * BV + c] = (float)((Acc)dk[i] * (Acc)un);
+      o[v_index(b, t0 + i, hv, T, HV, V) + c0 + c] = (float)((Acc)dq[i] * qs);
     }
     sync();
-    const Acc glast = (Acc)gc[L - 1];
+    const Acc elast = (Acc)dq[L - 1];
     for (int idx = tid; idx < K * bv; idx += nt) {
       const int kk = idx / bv, c = idx % bv;
-      Acc acc = expo<Acc>(glast) * (Acc)S[kk * BV + c];
-      for (int j = 0; j < L; ++j)
-        acc += (Acc)k[qk_index(b, t0 + j, h, T, H, K) + kk] * expo<Acc>(glast - (Acc)gc[j]) *
-               (Acc)Uc[(long)j * V + c];
+      Acc acc = elast * (Acc)S[kk * BV + c];
+      for (int j = 0; j < L; ++j) acc += (Acc)kc[j * kst + kk] * (Acc)Ud[j * BV + c];
       S[kk * BV + c] = (float)acc;
     }
   }

@@ -43,7 +43,8 @@ void chunked(const float* q, const float* k, const float* v, const float* g, con
              int K, int V, float scale, int C) {
   const int NC = (T + C - 1) / C;
   std::vector<float> scratch(std::max(gdn::prepare_scratch_floats(C, K, false),
-                                      std::max(gdn::output_scratch_floats(C, K, false), (long)K * V)));
+                                      std::max(gdn::output_scratch_floats(C, K, false),
+                                               gdn::state_pass_scratch_floats(C, K, V, false))));
   auto nosync = [] {};
   for (int b = 0; b < B; ++b)
     for (int hv = 0; hv < HV; ++hv) {
@@ -51,7 +52,7 @@ void chunked(const float* q, const float* k, const float* v, const float* g, con
         gdn::chunk_prepare<Acc>(k, v, g, beta, gcum, W, U, T, H, HV, K, V, C, b, hv, n, 0, 1,
                                 nosync, scratch.data(), false);
       gdn::chunk_state_pass<Acc>(q, k, gcum, W, U, o, state, T, H, HV, K, V, C, b, hv, 0, V, 0, 1,
-                                 nosync, scratch.data());
+                                 nosync, scratch.data(), false);
       for (int n = 0; n < NC; ++n)
         gdn::chunk_output<Acc>(q, k, gcum, U, o, T, H, HV, K, V, scale, C, b, hv, n, 0, 1, nosync,
                                scratch.data(), false);

@@ -91,7 +91,7 @@ state_pass_kernel(const float* q, const float* k, const float* gcum, const float
   extern __shared__ float smem[];
   gdn::chunk_state_pass<Acc>(q, k, gcum, W, U, o, state, T, H, HV, K, V, C, blockIdx.x / HV,
                              blockIdx.x % HV, blockIdx.y * BV, BV, threadIdx.x, blockDim.x,
-                             BlockSync{}, smem);
+                             BlockSync{}, smem, true);
 }
 
 template <typename Acc>
@@ -135,10 +135,11 @@ int launch_chunked(const float* q, const float* k, const float* v, const float* 
   constexpr int BV = 16;  // value columns per block of the sequential state pass
   const int NC = (T + C - 1) / C;
   const size_t s1 = sizeof(float) * gdn::prepare_scratch_floats(C, K, true);
-  const size_t s2 = sizeof(float) * (size_t)K * BV;
+  const size_t s2 = sizeof(float) * gdn::state_pass_scratch_floats(C, K, BV, true);
   const size_t s3 = sizeof(float) * gdn::output_scratch_floats(C, K, true);
   cudaError_t err;
   if ((err = allow_smem(prepare_kernel<Acc>, s1)) != cudaSuccess) return (int)err;
+  if ((err = allow_smem(state_pass_kernel<Acc>, s2)) != cudaSuccess) return (int)err;
   if ((err = allow_smem(output_kernel<Acc>, s3)) != cudaSuccess) return (int)err;
   prepare_kernel<Acc><<<B * HV * NC, 256, s1, stream>>>(k, v, g, beta, gcum, W, U, T, H, HV, K, V,
                                                          C, NC);

@@ -230,10 +230,17 @@ def _prepare_src(K: int, V: int, C: int, NT: int):
 
 def _state_pass_src(K: int, BV: int, C: int, NT: int):
     """Phase 2, one block per (b, hv, tile of BV value columns), sequential over chunks with the
-    state tile in shared memory: U <- U - W S, o <- exp(gc) q S, then the next state."""
+    state tile in shared memory: U <- U - W S, o <- exp(gc) q S, then the next state from the
+    chunk's keys (staged in shared memory when they fit) and the decayed U."""
+    STAGE = 4 * (C * K + K * BV + C * BV + 2 * C) <= SMEM_LIMIT
+    KS_SHAPE = (C, K) if STAGE else (1, 1)
 
     def gdn_chunk_state_pass(q, k, gcum, W, U, o, state, T, H, HV, V):
         S = cuda.shared.array((K, BV), float32)
+        Ud = cuda.shared.array((C, BV), float32)
+        dq = cuda.shared.array(C, float32)
+        dk = cuda.shared.array(C, float32)
+        Ks = cuda.shared.array(KS_SHAPE, float32)
         b = cuda.blockIdx.x // HV
         hv = cuda.blockIdx.x % HV
         h = hv // (HV // H)
@@ -245,6 +252,14 @@ def _state_pass_src(K: int, BV: int, C: int, NT: int):
         for t0 in range(0, T, C):
             L = min(C, T - t0)
             cuda.syncthreads()
+            if STAGE:
+                for idx in range(tid, L * K, NT):
+                    Ks[idx // K, idx % K] = k[b, t0 + idx // K, h, idx % K]
+            glast = gcum[b, hv, t0 + L - 1]
+            for i in range(tid, L, NT):
+                dq[i] = math.exp(gcum[b, hv, t0 + i])
+                dk[i] = math.exp(glast - gcum[b, hv, t0 + i])
+            cuda.syncthreads()
             for idx in range(tid, L * bv, NT):
                 i = idx // bv
                 c = idx % bv
@@ -253,17 +268,22 @@ def _state_pass_src(K: int, BV: int, C: int, NT: int):
                 for kk in range(K):
                     ws += W[b, hv, t0 + i, kk] * S[kk, c]
                     qs += q[b, t0 + i, h, kk] * S[kk, c]
-                U[b, hv, t0 + i, c0 + c] -= ws
-                o[b, t0 + i, hv, c0 + c] = math.exp(gcum[b, hv, t0 + i]) * qs
+                un = U[b, hv, t0 + i, c0 + c] - ws
+                U[b, hv, t0 + i, c0 + c] = un
+                Ud[i, c] = dk[i] * un
+                o[b, t0 + i, hv, c0 + c] = dq[i] * qs
             cuda.syncthreads()
-            glast = gcum[b, hv, t0 + L - 1]
+            elast = dq[L - 1]
             for idx in range(tid, K * bv, NT):
                 kk = idx // bv
                 c = idx % bv
-                acc = math.exp(glast) * S[kk, c]
-                for j in range(L):
-                    acc += (k[b, t0 + j, h, kk] * math.exp(glast - gcum[b, hv, t0 + j])
-                            * U[b, hv, t0 + j, c0 + c])
+                acc = elast * S[kk, c]
+                if STAGE:
+                    for j in range(L):
+                        acc += Ks[j, kk] * Ud[j, c]
+                else:
+                    for j in range(L):
+                        acc += k[b, t0 + j, h, kk] * Ud[j, c]
                 S[kk, c] = acc
         cuda.syncthreads()
         for idx in range(tid, K * bv, NT):
