@@ -94,8 +94,8 @@ def _launch(q, k, v, block_table, indices, scale, num_splits, policy):
         rc = _lib("cuda").qsa_decode_cuda(_p(q), _p(k), _p(v), _p(idx), _p(bt), *ints, *tail, _p(o_parts),
                                           _p(lse_parts), _p(o), _p(lse), _stream())
         if rc:
-            raise BackendUnavailableError(f"qsa CUDA launch failed with code {rc} (2: more than 16 query heads per "
-                                          "KV head; 3: shared memory too large for the partition)", key="backend",
+            raise BackendUnavailableError(f"qsa CUDA launch failed with code {rc} (2: more than 16 query heads per KV head or D not a multiple of 8; "
+                                          "3: shared memory too large for the partition)", key="backend",
                                           fix="use more num_splits (smaller partitions) or backend='torch'")
     else:
         lib = _lib("cpu")

@@ -5,7 +5,8 @@ per (b, kv head, split) serving the G query heads of that KV head; (head, token)
 items; one thread per head-dim column for P.V; sequential sums in token order) -> ``_launch``
 -> :func:`workbench.kernels.qsa.sparse_decode`. bf16 tensors are read as their 16-bit patterns.
 
-Limits (static shared memory): ``G * D <= 4096``, partition ``P <= 1024`` and ``G * P <= 6144``
+Limits (static shared memory): ``G * (D + 1) <= 4112`` (q rows padded by one float so the
+G heads of a token fall in distinct banks), partition ``P <= 1024`` and ``G * P <= 6144``
 (e.g. 12 query heads per KV head: at most 512 tokens per split, num_splits >= 5 for 2051 tokens).
 NVVM may contract multiply-adds into FMA, so sums can differ in the last bit from the C++ build.
 """
@@ -27,7 +28,7 @@ from workbench.numerics.policy import resolve_policy
 
 __all__ = ["sparse_decode", "merge_states", "is_available", "SIGNATURES", "selfcheck"]
 
-MAXG, QS, SC, SL, RED = 16, 4096, 6144, 1024, 32
+MAXG, QS, SC, SL, RED = 16, 4112, 6144, 1024, 32
 _DT = {"fp32": 0, "bf16": 1, "fp16": 2}
 LOG2E = 1.0 / math.log(2.0)
 NEG_INF = float32(-np.inf)
@@ -106,7 +107,7 @@ def _split_kernel(q, k, v, idx, bt, mode, HQ, HKV, D, ps, max_pages, L, S, P, qs
     tid = cuda.threadIdx.x
     nt = cuda.blockDim.x
     for i in range(tid, G * D, nt):
-        qs[i] = _ld(q, (b * HQ + hk * G + i // D) * D + i % D, dt)
+        qs[(i // D) * (D + 1) + i % D] = _ld(q, (b * HQ + hk * G + i // D) * D + i % D, dt)
     for t in range(tid, P, nt):
         tt = s * P + t
         sl = -1
@@ -128,7 +129,7 @@ def _split_kernel(q, k, v, idx, bt, mode, HQ, HKV, D, ps, max_pages, L, S, P, qs
             acc = float32(0.0)
             base = (int64(sl) * HKV + hk) * D
             for d in range(D):
-                acc = float32(acc + qs[g * D + d] * _ld(k, base + d, dt))
+                acc = float32(acc + qs[g * (D + 1) + d] * _ld(k, base + d, dt))
             acc = float32(acc * qscale)
         sc[g * P + t] = acc
     cuda.syncthreads()
@@ -238,10 +239,10 @@ def _launch(q, k, v, block_table, indices, scale, num_splits, policy, threads=25
         idx, mode = indices.to(torch.int32), 0
     L = idx.shape[1]
     S, P = split_layout(L, policy.num_kv_splits if num_splits is None else num_splits, policy)
-    if G > MAXG or G * D > QS or P > SL or G * P > SC:
+    if G > MAXG or G * (D + 1) > QS or P > SL or G * P > SC:
         need = -(-L // max(1, min(SL, SC // G)))
         raise BackendUnavailableError(
-            f"qsa numba shared-memory limits: G={G} <= {MAXG}, G*D={G * D} <= {QS}, partition {P} <= {SL} and "
+            f"qsa numba shared-memory limits: G={G} <= {MAXG}, G*(D+1)={G * (D + 1)} <= {QS}, partition {P} <= {SL} and "
             f"G*P={G * P} <= {SC}", key="backend", fix=f"use num_splits >= {need} or backend='ext'/'torch'")
     qscale = np.float32((D ** -0.5 if scale is None else scale) * LOG2E)
     f32 = dict(dtype=torch.float32, device=q.device)
