@@ -34,6 +34,7 @@ __all__ = [
     "UnknownBackendError",
     "PolicyError",
     "GateError",
+    "AnalysisError",
 ]
 
 
@@ -163,3 +164,8 @@ class PolicyError(WorkbenchError, ValueError):
 
 class GateError(WorkbenchError, AssertionError):
     """A notebook gate (a recorded check) failed."""
+
+
+class AnalysisError(WorkbenchError, ValueError):
+    """An analysis cannot run on the given arguments (no matching tensors, mismatched captures,
+    an op without a replay adapter, ...); the message names the argument and the fix."""
