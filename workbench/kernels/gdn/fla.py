@@ -3,8 +3,9 @@
 ``recurrent`` calls ``fla.ops.gated_delta_rule.fused_recurrent_gated_delta_rule`` and ``chunked``
 calls ``chunk_gated_delta_rule``; both receive our layouts unchanged (fla's layouts are ours).
 fla fixes its own rounding points (fp32 state and accumulators, chunk size 64), so a policy that
-asks for anything else is refused rather than silently ignored. The helper ops run through the
-``torch`` backend (fla's are module classes, not functions of the same contract).
+asks for anything else is refused rather than silently ignored. g is passed as float32 and beta in
+q's dtype (as the models call fla). The helper ops run through the ``torch`` backend (fla's are
+module classes, not functions of the same contract).
 """
 
 from __future__ import annotations
