@@ -1,0 +1,166 @@
+"""Relocation invariance of the paged sparse attention: moving KV pages to other physical slots
+(only the block table changes) must not change a single bit of the output.
+
+A kernel that visits tokens in logical (block-table) order is invariant by construction; one that
+visits them in physical page order (``Policy.page_order="physical"``) sums in an allocator-
+dependent order and cuts its KV splits at allocator-dependent places, a real past defect.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+import numpy as np
+import torch
+import xarray as xr
+
+from workbench.capture.reader import Capture, open_capture
+from workbench.errors import AnalysisError
+from workbench.kernels import qsa
+from workbench.numerics.policy import resolve_policy
+
+__all__ = ["relocation_invariance", "relocation_invariance_captures"]
+
+
+def _diff(a: torch.Tensor, b: torch.Tensor) -> tuple[bool, float, int]:
+    a64, b64 = a.double(), b.double()
+    neq = ~((a == b) | (torch.isnan(a) & torch.isnan(b)))
+    return bool(not neq.any()), float((a64 - b64).abs().nan_to_num(0.0).max()) if a.numel() else 0.0, int(neq.sum())
+
+
+def relocation_invariance(layers: Mapping[int, tuple] | tuple, *, seeds: Sequence[int] = (1, 2, 3),
+                          page_orders: Sequence[str] = ("logical", "physical"), num_splits: int = 2,
+                          page_size: int = 4, spare_pages: int = 0, backend: str = "torch",
+                          policy=None) -> xr.Dataset:
+    """Run QSA decode before and after relocating the KV pages; check the outputs bit for bit.
+
+    Parameters
+    ----------
+    layers: ``{layer: (q, k, v, indices)}`` or one such tuple (layer 0): ``q`` ``[B, HQ, D]``,
+        dense ``k``/``v`` ``[B, T, HKV, D]``, ``indices`` ``[B, L]`` int32 logical positions (-1
+        padded, e.g. from :func:`workbench.kernels.qsa.select`)
+    seeds: one relocation (a random page permutation) per seed
+    page_orders: the kernel variants (``Policy.page_order``) to check
+    num_splits: KV splits of the decode (relocation moves the split boundaries of a
+        physical-order kernel)
+    page_size: tokens per page; spare_pages: free pages in the pool (more places to move to)
+    backend, policy: the QSA backend and base policy (``page_order`` is set per variant)
+
+    Returns
+    -------
+    xarray.Dataset with dims ``layer``, ``page_order``, ``seed``: ``bitwise`` (identical output
+    and LSE), ``max_abs`` and ``n_diff`` (differing output elements); ``invariant[layer,
+    page_order]`` (bitwise for every seed); attrs say which variants are invariant.
+
+    Example
+    -------
+    >>> B, T, D = 1, 64, 16
+    >>> k, v = torch.randn(B, T, 1, D), torch.randn(B, T, 1, D)
+    >>> idx = torch.arange(T, dtype=torch.int32)[None]
+    >>> ds = relocation_invariance((torch.randn(B, 4, D), k, v, idx), num_splits=4)
+    >>> bool(ds.invariant.sel(page_order="logical").all()), bool(ds.invariant.sel(page_order="physical").all())
+    (True, False)
+    """
+    if isinstance(layers, tuple):
+        layers = {0: layers}
+    if not isinstance(layers, Mapping) or not layers:
+        raise AnalysisError(f"layers must be {{layer: (q, k, v, indices)}} or one tuple, got {type(layers).__name__}",
+                            key="layers", fix="pass relocation_invariance({3: (q, k, v, idx)})")
+    base = resolve_policy(policy)
+    L, P, S = sorted(layers), list(page_orders), list(seeds)
+    bit = np.zeros((len(L), len(P), len(S)), dtype=bool)
+    mx = np.zeros(bit.shape)
+    nd = np.zeros(bit.shape, dtype=np.int64)
+    for i, layer in enumerate(L):
+        try:
+            q, k, v, idx = layers[layer]
+        except (TypeError, ValueError):
+            raise AnalysisError(f"layers[{layer}] must be (q, k, v, indices)", key="layers",
+                                fix="pass q [B, HQ, D], k/v [B, T, HKV, D], indices [B, L]") from None
+        T = k.shape[1]
+        need = k.shape[0] * -(-T // page_size)
+        cache = qsa.PagedKVCache.from_dense(k, v, page_size=page_size, num_pages=need + spare_pages)
+        for j, order in enumerate(P):
+            pol = base.replace(page_order=order)
+            o0, l0 = qsa.sparse_decode(q, cache, cache.block_table, idx, num_splits=num_splits, policy=pol,
+                                       backend=backend)
+            for s, seed in enumerate(S):
+                moved = cache.relocate(seed=seed)
+                o1, l1 = qsa.sparse_decode(q, moved, moved.block_table, idx, num_splits=num_splits, policy=pol,
+                                           backend=backend)
+                same_o, mx[i, j, s], nd[i, j, s] = _diff(o1, o0)
+                bit[i, j, s] = same_o and _diff(l1, l0)[0]
+    dims = ("layer", "page_order", "seed")
+    ds = xr.Dataset({"bitwise": (dims, bit), "max_abs": (dims, mx), "n_diff": (dims, nd)},
+                    coords={"layer": L, "page_order": P, "seed": S})
+    ds["invariant"] = ds.bitwise.all("seed")
+    inv = {o: bool(ds.invariant.sel(page_order=o).all()) for o in P}
+    ds.attrs.update(analysis="relocation_invariance", backend=backend, num_splits=num_splits, page_size=page_size,
+                    policy=base.label(), check="bitwise equality of output and LSE after relocating every page",
+                    invariant_orders=",".join(o for o in P if inv[o]) or "none",
+                    failing_orders=",".join(o for o in P if not inv[o]) or "none")
+    return ds
+
+
+def relocation_invariance_captures(reference, relocated: Mapping[str, object] | Sequence, *, op: str = "qsa",
+                                   names: Sequence[str] = ("o", "gated", "output")) -> xr.Dataset:
+    """Bitwise comparison of QSA tensors per layer between a run and re-runs whose KV pages sit
+    elsewhere (any engine: only the captures are read).
+
+    Parameters
+    ----------
+    reference: the capture (or path) of the run with the original page placement
+    relocated: ``{label: capture}`` (or a list; labels are the arms) of runs with pages moved
+    op, names: the op and the tensor names to check (names missing from a capture are skipped)
+
+    Returns
+    -------
+    xarray.Dataset with dims ``run``, ``layer``, ``name``: ``bitwise`` (every step and rank
+    identical; False where a key is missing), ``n_keys`` and ``n_diff_keys``; ``invariant[run]``.
+
+    Example
+    -------
+    >>> ds = relocation_invariance_captures("runs/logical", {"moved": "runs/logical-moved"})   # doctest: +SKIP
+    >>> bool(ds.invariant.sel(run="moved"))                                                    # doctest: +SKIP
+    True
+    """
+    ref = reference if isinstance(reference, Capture) else open_capture(reference)
+    if not isinstance(relocated, Mapping):
+        caps = [c if isinstance(c, Capture) else open_capture(c) for c in relocated]
+        relocated = {c.arm: c for c in caps}
+    runs = {k: (c if isinstance(c, Capture) else open_capture(c)) for k, c in relocated.items()}
+    ri = ref.select(op=op).index
+    names = [n for n in names if (ri["name"] == n).any()]
+    if not names:
+        raise AnalysisError(f"the reference has none of the tensors {op}/{list(names)}", key="names",
+                            file=ref.path, fix=f"use names among {sorted(ri['name'].unique())}")
+    layers = sorted(ri["layer"].unique().tolist())
+    R = list(runs)
+    bit = np.zeros((len(R), len(layers), len(names)), dtype=bool)
+    nk = np.zeros(bit.shape, dtype=np.int64)
+    ndk = np.zeros(bit.shape, dtype=np.int64)
+    for a, label in enumerate(R):
+        cap = runs[label]
+        for b, layer in enumerate(layers):
+            for c, n in enumerate(names):
+                rows = ri[(ri["layer"] == layer) & (ri["name"] == n)]
+                diff = 0
+                for _, row in rows.iterrows():
+                    key = dict(rank=int(row["rank"]), step=int(row["step"]), layer=layer, op=op, name=n)
+                    try:
+                        other = cap.get(**key)
+                    except KeyError:
+                        diff += 1
+                        continue
+                    mine = ref.get(**key)
+                    if mine.shape != other.shape or not _diff(mine, other)[0]:
+                        diff += 1
+                nk[a, b, c], ndk[a, b, c] = len(rows), diff
+                bit[a, b, c] = diff == 0 and len(rows) > 0
+    dims = ("run", "layer", "name")
+    ds = xr.Dataset({"bitwise": (dims, bit), "n_keys": (dims, nk), "n_diff_keys": (dims, ndk)},
+                    coords={"run": R, "layer": layers, "name": names})
+    ds["invariant"] = ds.bitwise.all(("layer", "name"))
+    ds.attrs.update(analysis="relocation_invariance_captures", reference=str(ref.path), op=op,
+                    check="bitwise equality of every step and rank")
+    return ds
