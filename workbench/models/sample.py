@@ -1,190 +1,275 @@
-"""The small torch model behind the bundled sample captures (``workbench samples``).
+"""The bundled sample captures (``workbench samples``): arms of the hybrid decoder and a tiny
+Hugging Face Qwen3-Next, each with the finding a user should make in it.
 
-A 6-layer residual decoder over a 256-token vocabulary: each layer mixes tokens causally with an
-exponential moving average carried as recurrent state across forward calls (so decode steps
-depend on the prefix), then applies an RMSNorm'd SiLU MLP whose projections are split-K
-matmuls. One forward call is one step: step 0 is a prefill of 16 tokens, steps 1..8 decode one
-greedy token each.
+Every capture's run metadata holds ``description``, the model and arm configuration, the sampled
+``tokens`` and, for a candidate, ``expect``: the planted first divergence (``first_divergence``,
+a key), how to see it (``how``: the compare call) and a one-line explanation (``why``). The
+catalogue is :data:`CAPTURES`; docs/models.md describes each entry.
 
-Arms:
-- ``control``: fp32, projections unsplit (splitk=1);
-- ``control-repeat``: the A/A repeat: projections reduced in 2 K-slices, so every matmul result
-  differs from the control by fp32 reassociation only (realistic run-to-run noise);
-- ``candidate``: as the repeat, plus layer 3's MLP output rounded to bf16: the planted first
-  divergence is ``layer=3 op=mlp.down name=output`` at step 0.
+Regeneration is deterministic on one machine (CPU, fixed seeds); another CPU may reassociate fp32
+sums differently, so the test compares values within 1e-5 relative L2 and the tokens exactly.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import shutil
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Callable
 
 import torch
-from torch import nn
 
-__all__ = ["TinyDecoder", "generate", "write_samples", "ARMS", "PLANTED"]
+from workbench.capture.writer import CaptureWriter
+from workbench.models.hybrid import ArmConfig, HybridConfig, HybridDecoder, Override, RecordSpec
+from workbench.numerics.policy import Policy
 
-VOCAB, D, HIDDEN, LAYERS, PROMPT, DECODE = 256, 64, 128, 6, 16, 8
-PLANTED = {"rank": 0, "step": 0, "layer": 3, "op": "mlp.down", "name": "output"}
+__all__ = ["CAPTURES", "PAIRS", "SampleCapture", "write_samples", "base_model", "tie_model", "splitk_model",
+           "PROMPT_LEN", "DECODE_STEPS", "TIE", "SPLITK"]
 
+PROMPT_LEN, DECODE_STEPS = 256, 64
+REGENERATE = "workbench samples --out captures"
 
-class SplitKLinear(nn.Module):
-    """y = x W^T with K cut into ``splitk`` slices accumulated one after another in fp32."""
+# drift needs every step; the other families keep every internal tensor only at the detail steps
+MAIN_SPEC = RecordSpec()
+LIGHT_SPEC = RecordSpec(detail_steps=(0, 1, 2, 3, 16, 64),
+                        every_step=("lm_head/input", "lm_head/logits", "sampler/token"))
+SPLITK_SPEC = dataclasses.replace(LIGHT_SPEC, lm_head_weight=True)
 
-    def __init__(self, d_in: int, d_out: int, splitk: int = 1) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.empty(d_out, d_in))
-        self.splitk = splitk
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.splitk == 1:
-            return x @ self.weight.T
-        out = None
-        for sl in torch.tensor_split(torch.arange(x.shape[-1]), self.splitk):
-            part = x[..., sl] @ self.weight[:, sl].T
-            out = part if out is None else out + part
-        return out
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, d: int, eps: float = 1e-6) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(d))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+# the tie of DESIGN.md: two fp64 logits that round to the same bf16 value (11.125); greedy takes
+# the lower index although the higher one has the larger fp64 logit
+TIE = {"low_id": 67, "high_id": 692, "low_logit": 11.11763134, "high_logit": 11.14099662}
+# split-K flip: fp64 logits either side of the bf16 rounding boundary 11.15625 (between 11.125 and
+# 11.1875); lo_id < hi_id, so a tie after bf16 rounding also goes to lo_id
+SPLITK = {"lo_id": 305, "hi_id": 811, "lo_logit": 11.1520, "hi_logit": 11.1605, "flip_splits": 9,
+          "pass_splits": 16, "partial_dtype": "bf16"}
 
 
-class EMAMixer(nn.Module):
-    """Causal token mixing y_t = a y_{t-1} + (1 - a) x_t with the state kept across calls."""
-
-    def __init__(self, d: int) -> None:
-        super().__init__()
-        self.decay = nn.Parameter(torch.empty(d))
-        self.state: torch.Tensor | None = None
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        a = torch.sigmoid(self.decay)
-        s = self.state if self.state is not None else torch.zeros_like(x[:, 0])
-        ys = []
-        for t in range(x.shape[1]):
-            s = a * s + (1 - a) * x[:, t]
-            ys.append(s)
-        self.state = s
-        return torch.stack(ys, dim=1)
+def base_model() -> HybridDecoder:
+    return HybridDecoder(HybridConfig())
 
 
-class MLP(nn.Module):
-    def __init__(self, splitk: int, round_bf16: bool) -> None:
-        super().__init__()
-        self.up = SplitKLinear(D, HIDDEN, splitk)
-        self.down = SplitKLinear(HIDDEN, D, splitk)
-        self.round_bf16 = round_bf16
+def _prefill_hidden(model: HybridDecoder, arm: ArmConfig) -> torch.Tensor:
+    """The lm_head input ``[1, D]`` at step 0 (it does not depend on the lm_head)."""
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down(nn.functional.silu(self.up(x)))
+    class Grab:
+        h = None
 
+        def add(self, t, *, op, name, **_):
+            if op == "lm_head" and name == "input":
+                Grab.h = t.clone()
 
-class Block(nn.Module):
-    def __init__(self, splitk: int, round_bf16: bool) -> None:
-        super().__init__()
-        self.mix = EMAMixer(D)
-        self.norm = RMSNorm(D)
-        self.mlp = MLP(splitk, round_bf16)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.mix(x)
-        return x + self.mlp(self.norm(x))
+    model.generate(model.prompt(PROMPT_LEN), steps=0, arm=arm, writer=Grab(),
+                   spec=RecordSpec(detail_steps=(), every_step=("lm_head/input",)))
+    return Grab.h
 
 
-class Sampler(nn.Module):
-    """Greedy: the first maximum of the last position's logits."""
-
-    def forward(self, logits: torch.Tensor) -> torch.Tensor:
-        return logits[:, -1].argmax(-1)
-
-
-class TinyDecoder(nn.Module):
-    def __init__(self, *, splitk: int = 1, bf16_layer: int | None = None, seed: int = 0) -> None:
-        super().__init__()
-        self.embed = nn.Embedding(VOCAB, D)
-        self.layers = nn.ModuleList(Block(splitk, i == bf16_layer) for i in range(LAYERS))
-        self.norm = RMSNorm(D)
-        self.lm_head = SplitKLinear(D, VOCAB, splitk)
-        self.sampler = Sampler()
-        g = torch.Generator().manual_seed(seed)
-        with torch.no_grad():
-            for name, p in self.named_parameters():
-                if name.endswith("decay"):
-                    p.copy_(torch.randn(p.shape, generator=g))
-                elif p.ndim == 2:
-                    p.copy_(torch.randn(p.shape, generator=g) / p.shape[1] ** 0.5)
-        for blk in self.layers:
-            if blk.mlp.round_bf16:
-                blk.mlp.down.register_forward_hook(lambda m, i, o: o.bfloat16().float())
-
-    def reset(self) -> None:
-        for blk in self.layers:
-            blk.mix.state = None
-
-    def forward(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        x = self.embed(tokens)
-        for blk in self.layers:
-            x = blk(x)
-        logits = self.lm_head(self.norm(x))
-        return logits, self.sampler(logits)
+def _row_for(h64: torch.Tensor, target: float, noise: torch.Tensor | None = None) -> torch.Tensor:
+    """An fp32 lm_head row whose fp64 logit with ``h`` is ``target`` (noise orthogonal to h)."""
+    row = h64 * (target / float(h64 @ h64))
+    if noise is not None:
+        row = row + noise - h64 * (float(noise @ h64) / float(h64 @ h64))
+    return row.float()
 
 
-def generate(model: TinyDecoder, *, seed: int = 1, prompt: int = PROMPT, steps: int = DECODE) -> list[int]:
-    """Prefill a seeded random prompt, then decode ``steps`` greedy tokens (one forward each)."""
-    model.reset()
-    g = torch.Generator().manual_seed(seed)
-    tokens = torch.randint(0, VOCAB, (1, prompt), generator=g)
-    out = []
-    with torch.no_grad():
-        _, tok = model(tokens)
-        for _ in range(steps):
-            out.append(int(tok))
-            _, tok = model(tok.view(1, 1))
-    out.append(int(tok))
-    return out
+def tie_model(arm: ArmConfig) -> tuple[HybridDecoder, dict]:
+    """The base model with lm_head rows 67 and 692 planted so their step-0 logits tie in bf16."""
+    model = base_model()
+    h = _prefill_hidden(model, arm)[0].double()
+    W = model.weights["lm_head"].clone()
+    W[TIE["low_id"]] = _row_for(h, TIE["low_logit"])
+    W[TIE["high_id"]] = _row_for(h, TIE["high_logit"])
+    fp64 = (h @ W.double().T)
+    info = {"step": 0, "fp64_logits": {str(t): float(fp64[t]) for t in (TIE["low_id"], TIE["high_id"])},
+            "bf16_logit": float(fp64[TIE["low_id"]].to(torch.bfloat16)),
+            "greedy_bf16": TIE["low_id"], "argmax_fp64": TIE["high_id"],
+            "nats_lost": float(fp64[TIE["high_id"]] - fp64[TIE["low_id"]]),
+            "other_max_fp64": float(torch.cat([fp64[:TIE["low_id"]], fp64[TIE["low_id"] + 1:TIE["high_id"]],
+                                               fp64[TIE["high_id"] + 1:]]).max())}
+    return model.with_weights(lm_head=W), info
 
 
-ARMS = {
-    "control": dict(splitk=1, bf16_layer=None,
-                    description="fp32 reference run; projections unsplit"),
-    "control-repeat": dict(splitk=2, bf16_layer=None,
-                           description="A/A repeat of the control: projections reduced in 2 K-slices "
-                                       "(fp32 reassociation noise only); use as --aa"),
-    "candidate": dict(splitk=2, bf16_layer=3,
-                      description="candidate: as the repeat, plus layer 3's MLP output rounded to bf16"),
-}
+def _lm_token(h: torch.Tensor, W: torch.Tensor, splits: int, partial: str) -> int:
+    from workbench.kernels import gemm, sampling
+    y = gemm.splitk_matmul(h, W, splits=splits, partial_dtype=partial, out_dtype="fp32")
+    return int(sampling.greedy(y.to(torch.bfloat16)))
 
 
-def write_samples(out: str | Path = "captures", *, overwrite: bool = False) -> list[Path]:
-    """Record the three sample arms under ``out``; returns the capture paths."""
-    from workbench.capture.recorder import record
+def splitk_model(arm: ArmConfig) -> tuple[HybridDecoder, dict]:
+    """The base model with two lm_head rows planted so that, at step 0, 9 split-K slices with bf16
+    partials flip the greedy token and 16 do not (found by a seeded search over row components
+    orthogonal to the hidden state, which change the partials but not the exact logits)."""
+    model = base_model()
+    h32 = _prefill_hidden(model, arm)
+    h = h32[0].double()
+    lo, hi = SPLITK["lo_id"], SPLITK["hi_id"]
+    g = torch.Generator().manual_seed(1234)
+    for attempt in range(200):
+        W = model.weights["lm_head"].clone()
+        W[lo] = _row_for(h, SPLITK["lo_logit"], torch.randn(h.shape[0], generator=g, dtype=torch.float64) * 0.3)
+        W[hi] = _row_for(h, SPLITK["hi_logit"], torch.randn(h.shape[0], generator=g, dtype=torch.float64) * 0.3)
+        ok = (_lm_token(h32, W, 1, "fp32") == hi and _lm_token(h32, W, SPLITK["pass_splits"], "bf16") == hi
+              and _lm_token(h32, W, SPLITK["flip_splits"], "bf16") == lo)
+        if ok:
+            break
+    else:  # pragma: no cover - the search is seeded and succeeds
+        raise RuntimeError("no split-K flip found")
+    fp64 = h @ W.double().T
+    table = {str(s): _lm_token(h32, W, s, "bf16") for s in range(1, 33)}
+    info = {"step": 0, "attempt": attempt, "fp64_logits": {str(lo): float(fp64[lo]), str(hi): float(fp64[hi])},
+            "argmax_fp64": hi, "token_by_splits_bf16_partials": table,
+            "flipping_splits_bf16_partials": [int(s) for s, t in table.items() if t != hi],
+            "fp32_partials_flip": [s for s in range(1, 33) if _lm_token(h32, W, s, "fp32") != hi]}
+    return model.with_weights(lm_head=W), info
 
+
+@dataclass(frozen=True)
+class SampleCapture:
+    """One bundled capture: its arm, the model builder, what to record and what to find."""
+
+    name: str
+    arm: ArmConfig
+    description: str
+    spec: RecordSpec = MAIN_SPEC
+    model: str = "base"          # "base", "tie", "splitk" (hybrid) or "hf" (Qwen3-Next)
+    control: str | None = None   # the capture to compare against (None: this is a control)
+    aa: str | None = None        # the A/A repeat to pass as aa=
+    expect: dict | None = None   # planted first divergence and the explanation
+    rules: list = field(default_factory=list)
+
+
+_C = ArmConfig(name="control")
+_T4 = ArmConfig(name="tp4-control", tp=4)
+
+CAPTURES: dict[str, SampleCapture] = {c.name: c for c in [
+    SampleCapture("control", _C, "reference run of the hybrid decoder: 2 simulated TP ranks, fp32 "
+                  "projections (split-K 1), QSA with 2 KV splits and fp32 probabilities, fp32 GDN state, "
+                  "bf16 logits, greedy"),
+    SampleCapture("control-repeat", _C.replace(name="control-repeat", proj=Policy(splitk=2)),
+                  "A/A repeat of the control: every projection reduced in 2 K-slices (fp32 reassociation "
+                  "only, as a different GEMM tiling would); use as aa= to get per-key noise floors",
+                  control="control",
+                  expect={"first_divergence": None,
+                          "why": "run-to-run noise only: every key differs by fp32 reassociation and the "
+                                 "greedy tokens are the same"}),
+    SampleCapture("candidate", _C.replace(name="candidate", qsa=Policy(num_kv_splits=2, prob_dtype="fp16")),
+                  "candidate: the QSA kernel materializes attention probabilities in fp16 before P.V",
+                  control="control", aa="control-repeat",
+                  expect={"first_divergence": {"rank": 0, "step": 0, "layer": 3, "op": "qsa", "name": "partial_o"},
+                          "why": "layer 3 is the first QSA layer; its per-split outputs carry the fp16 "
+                                 "rounding of P (index scores and selected tokens are still equal)"}),
+    SampleCapture("candidate-bf16-state", _C.replace(name="candidate-bf16-state", gdn=Policy(state_dtype="bf16")),
+                  "candidate: the GDN recurrent state is stored in bf16 between chunks and decode steps",
+                  control="control", aa="control-repeat",
+                  expect={"first_divergence": {"rank": 0, "step": 0, "layer": 0, "op": "gdn", "name": "core"},
+                          "why": "the first GDN layer's output after the first chunk boundary reads a "
+                                 "bf16-rounded state; the state error grows over the decode steps "
+                                 "(gdn/state, every step)"}),
+    SampleCapture("tie-control", _C.replace(name="tie-control"),
+                  "two logits tie after bf16 rounding at step 0 (tokens 67 and 692 both 11.125); greedy "
+                  "takes the lower index 67 although 692 has the larger fp64 logit",
+                  spec=LIGHT_SPEC, model="tie"),
+    SampleCapture("tie-candidate", _C.replace(name="tie-candidate", lm_head=Policy(logits_dtype="fp32")),
+                  "the tie model with fp32 logits: the tie is gone and greedy takes 692",
+                  spec=LIGHT_SPEC, model="tie", control="tie-control",
+                  expect={"first_divergence": {"rank": 0, "step": 0, "layer": -1, "op": "lm_head", "name": "logits"},
+                          "why": "logits materialized in fp32 instead of bf16; the sampler then picks 692 "
+                                 "instead of 67 at step 0 (FP64 logits in run['tie'])"}),
+    SampleCapture("splitk-control", _C.replace(name="splitk-control", lm_head=Policy(splitk=16, partial_dtype="bf16")),
+                  "lm_head as 16 split-K slices with bf16 partials (fp32 math); the greedy token at step 0 "
+                  "agrees with fp64",
+                  spec=SPLITK_SPEC, model="splitk"),
+    SampleCapture("splitk-flip", _C.replace(name="splitk-flip", lm_head=Policy(splitk=9, partial_dtype="bf16")),
+                  "lm_head as 9 split-K slices with bf16 partials: the greedy token at step 0 flips from 811 "
+                  "to 305",
+                  spec=SPLITK_SPEC, model="splitk", control="splitk-control",
+                  expect={"first_divergence": {"rank": 0, "step": 0, "layer": -1, "op": "lm_head", "name": "logits"},
+                          "why": "bf16 partial sums of 9 slices move logit 305 across the bf16 rounding "
+                                 "boundary; the sampler picks 305 instead of 811 at step 0 (run['splitk'])"}),
+    SampleCapture("tp4-control", _T4, "the control on 4 simulated TP ranks", spec=LIGHT_SPEC),
+    SampleCapture("tp4-candidate", _T4.replace(name="tp4-candidate",
+                                               overrides=(Override("qsa", {"input_dtype": "bf16"}, ranks=(2,)),)),
+                  "4 TP ranks; rank 2 alone runs a QSA kernel build that reads q, K and V in bf16",
+                  spec=LIGHT_SPEC, control="tp4-control",
+                  expect={"first_divergence": {"rank": 2, "step": 0, "layer": 3, "op": "qsa", "name": "partial_o"},
+                          "why": "only rank 2's QSA heads differ (q, k, v are equal: the kernel rounds them on read); ranks 0, 1 and 3 agree until the "
+                                 "all-reduce mixes rank 2's output into every rank's residual"}),
+    SampleCapture("hf-qwen3next-control", ArmConfig(name="hf-qwen3next-control"),
+                  "a tiny random Hugging Face Qwen3-Next recorded with workbench.record; GDN by the "
+                  "model's own torch_chunk/recurrent_gated_delta_rule", model="hf"),
+    SampleCapture("hf-qwen3next-candidate", ArmConfig(name="hf-qwen3next-candidate"),
+                  "the same model with the workbench GDN kernels (gdn.chunked / gdn.recurrent, torch "
+                  "backend, fp32 policy) patched into the linear-attention layers",
+                  model="hf", control="hf-qwen3next-control",
+                  expect={"first_divergence": None,
+                          "first_difference": {"rank": 0, "step": 0, "layer": 0, "op": "linear_attn.norm",
+                                               "name": "input"},
+                          "why": "the two GDN implementations agree to fp32 noise (rel_l2 ~1e-7, under the "
+                                 "default 1e-3): no divergence, same tokens; with an exact rule "
+                                 "(threshold 0) the first difference is the GDN core output, i.e. the input "
+                                 "of layer 0's gated norm"}),
+]}
+
+# (control, candidate, aa) for every pair with a finding
+PAIRS = [(c.control, c.name, c.aa) for c in CAPTURES.values() if c.control is not None]
+
+
+def _arm_metadata(c: SampleCapture, model: HybridDecoder) -> dict[str, Any]:
+    return {"model": "workbench.models.hybrid.HybridDecoder", "config": model.config.to_dict(),
+            "arm": c.arm.to_dict(), "record": c.spec.to_dict(), "prompt": {"length": PROMPT_LEN, "seed": 1},
+            "decode_steps": DECODE_STEPS}
+
+
+def _write_hybrid(c: SampleCapture, path: Path) -> None:
+    extra: dict[str, Any] = {}
+    if c.model == "tie":
+        model, extra["tie"] = tie_model(c.arm)
+    elif c.model == "splitk":
+        model, extra["splitk"] = splitk_model(c.arm)
+    else:
+        model = base_model()
+    run = {"description": c.description, **_arm_metadata(c, model), **extra, "regenerate": REGENERATE}
+    if c.control is not None:
+        run["compare_with"] = {"control": c.control, "aa": c.aa}
+    if c.expect is not None:
+        run["expect"] = _expect(c)
+    w = CaptureWriter(path, arm=c.name, run=run, overwrite=True)
+    try:
+        tokens = model.generate(model.prompt(PROMPT_LEN), steps=DECODE_STEPS, arm=c.arm, writer=w, spec=c.spec)
+    except BaseException:
+        w.abort()
+        raise
+    w.run["tokens"] = tokens
+    w.close()
+
+
+def _expect(c: SampleCapture) -> dict:
+    how = f"workbench compare captures/{c.control} captures/{c.name}" + (f" --aa captures/{c.aa}" if c.aa else "")
+    return {**c.expect, "how": how}
+
+
+def write_samples(out: str | Path = "captures", *, overwrite: bool = False,
+                  only: list[str] | None = None) -> list[Path]:
+    """Record the bundled captures under ``out``; returns their paths.
+
+    ``only`` restricts to some names of :data:`CAPTURES`. An existing capture is replaced only with
+    ``overwrite=True``.
+    """
     out = Path(out)
     paths = []
-    for arm, cfg in ARMS.items():
-        model = TinyDecoder(splitk=cfg["splitk"], bf16_layer=cfg["bf16_layer"]).eval()
-        run = {
-            "model": "workbench.models.sample.TinyDecoder",
-            "description": cfg["description"],
-            "config": {"splitk": cfg["splitk"], "bf16_layer": cfg["bf16_layer"], "layers": LAYERS,
-                       "d_model": D, "vocab": VOCAB, "prompt": PROMPT, "decode_steps": DECODE},
-            "regenerate": "workbench samples --out captures",
-        }
-        if arm == "candidate":
-            run["expect"] = {"first_divergence": PLANTED,
-                             "how": "workbench compare captures/control captures/candidate --aa captures/control-repeat"}
-        path = out / arm
+    for name, c in CAPTURES.items():
+        if only is not None and name not in only:
+            continue
+        path = out / name
+        if path.exists() and any(path.iterdir()) and not overwrite:
+            from workbench.errors import CaptureError
+            raise CaptureError("capture directory exists", file=path, fix="pass overwrite=True (workbench samples does)")
         if path.exists() and overwrite:
-            import shutil
             shutil.rmtree(path)
-        run["tokens"] = generate(model)  # an unrecorded pass: the greedy trajectory, for reference
-        with record(model, path, arm=arm, run=run):
-            generate(model)
+        if c.model == "hf":
+            from workbench.models.hf_qwen3next import write_hf_capture
+            write_hf_capture(c, path, regenerate=REGENERATE)
+        else:
+            _write_hybrid(c, path)
         paths.append(path)
     return paths
