@@ -7,12 +7,15 @@ which is what "how far apart are the runs at this layer" means for a first-diver
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pandas as pd
 
 from workbench.errors import WorkbenchError
 
-__all__ = ["layer_curves", "layer_step_heatmap", "per_layer"]
+__all__ = ["layer_curves", "layer_step_heatmap", "per_layer", "divergence_curves_figure",
+           "divergence_heatmap_figure", "graft_figure"]
 
 
 def _table(res) -> pd.DataFrame:
@@ -118,4 +121,79 @@ def layer_step_heatmap(res, *, metric: str = "rel_l2", op: str | None = None, na
     fig.update_layout(title=title or f"max {metric} per layer and step" + (f" ({op})" if op else ""),
                       xaxis_title="step", yaxis_title="layer", height=380,
                       margin=dict(l=60, r=20, t=60, b=50))
+    return fig
+
+
+# -- figures of the xarray results of workbench.analysis.divergence ----------------------------
+
+def divergence_curves_figure(ds, *, x: str = "layer", title: str | None = None):
+    """One curve per op (or other leading dim) of ``ds.error`` along ``x`` (log y), the A/A noise
+    as a shaded band, the first divergence as a vertical line (``divergence_curves`` output)."""
+    import plotly.graph_objects as go
+
+    if x not in ds.dims:
+        raise WorkbenchError(f"x must be a dim of the Dataset {list(ds.dims)}, got {x!r}", key="x",
+                             fix="pass x='layer' (or 'step')")
+    err = ds.error
+    others = [d for d in err.dims if d != x]
+    series = [((), err)] if not others else \
+        [(k, err.sel(dict(zip(others, k)))) for k in
+         (err.stack(_k=others)._k.values.tolist() if len(others) > 1 else [(v,) for v in err[others[0]].values])]
+    fig = go.Figure()
+    band = ds.aa.max(others) if others else ds.aa
+    if bool(band.notnull().any()) and json.loads(ds.attrs.get("rule_metrics", "[]")) == [ds.attrs.get("metric")]:
+        b = band.dropna(x)
+        floor = float(b.where(b > 0).min()) / 10 if bool((b > 0).any()) else 1e-12
+        xs = b[x].values.tolist()
+        fig.add_trace(go.Scatter(x=xs + xs[::-1], y=b.values.tolist() + [floor] * len(xs), fill="toself",
+                                 fillcolor="rgba(120,120,120,0.25)", line=dict(width=0), name="A/A noise",
+                                 hoverinfo="skip"))
+    for k, e in series:
+        e = e.dropna(x)
+        if not e.size:
+            continue
+        y = e.where(e > 0, 1e-16)
+        fig.add_trace(go.Scatter(x=e[x].values, y=y.values, mode="lines+markers",
+                                 name="/".join(str(v) for v in k) or "error"))
+    if ds.attrs.get("first_found") and x in ("layer", "step") and int(ds.attrs.get(f"first_{x}", -1)) >= 0:
+        fig.add_vline(x=int(ds.attrs[f"first_{x}"]), line_dash="dash", line_color="#cf222e",
+                      annotation_text=f"first: {ds.attrs['first_op']}/{ds.attrs['first_name']}")
+    fig.update_layout(title=title or f"{ds.attrs.get('reduce', 'max')} {ds.attrs.get('metric', '')} per {x}",
+                      xaxis_title=x, yaxis_title=ds.attrs.get("metric", "error"), yaxis_type="log", height=420)
+    return fig
+
+
+def divergence_heatmap_figure(ds, *, log: bool = True, title: str | None = None):
+    """Heatmap of ``ds.error`` over (layer, step) (``divergence_heatmap`` output), log10 by default."""
+    import plotly.graph_objects as go
+
+    e = ds.error.transpose("layer", "step")
+    z = e.to_numpy().astype(float)
+    if log:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            z = np.log10(np.where(z > 0, z, np.nan))
+    fig = go.Figure(go.Heatmap(z=z, x=[str(v) for v in e.step.values], y=[str(v) for v in e.layer.values],
+                               colorscale="Viridis",
+                               colorbar=dict(title=("log10 " if log else "") + ds.attrs.get("metric", ""))))
+    fig.update_layout(title=title or f"{ds.attrs.get('metric', '')} per layer and step ({ds.attrs.get('op', 'all')})",
+                      xaxis_title="step", yaxis_title="layer", height=380)
+    return fig
+
+
+def graft_figure(ds, *, title: str | None = None):
+    """Error per key in causal order for the candidate and the grafted run (``graft`` output),
+    the graft position marked."""
+    import plotly.graph_objects as go
+
+    fig = go.Figure()
+    labels = [f"L{l} {o}/{n} s{s} r{r}" for r, s, l, o, n in zip(ds["rank"].values, ds.step.values, ds.layer.values,
+                                                                ds.op.values, ds.name.values)]
+    for v in ds.variant.values:
+        y = ds.value.sel(variant=v).to_numpy().astype(float)
+        fig.add_trace(go.Scatter(x=ds.seq.values, y=np.where(y > 0, y, 1e-16), mode="markers", name=str(v),
+                                 text=labels, hovertemplate="%{text}: %{y:.3e}<extra>%{fullData.name}</extra>"))
+    if "graft_seq" in ds.attrs:
+        fig.add_vline(x=int(ds.attrs["graft_seq"]), line_dash="dash", annotation_text="graft")
+    fig.update_layout(title=title or ds.attrs.get("verdict", "graft"), xaxis_title="seq (causal order)",
+                      yaxis_title="rule metric", yaxis_type="log", height=420)
     return fig
