@@ -34,9 +34,9 @@ def state_heads_figure(ds, *, var: str = "state_err", title: str | None = None):
     fig = go.Figure()
     if "variant" in da.dims:
         for v in da.variant.values:
-            fig.add_trace(go.Bar(x=da.head.values, y=da.sel(variant=v).values, name=str(v)))
+            fig.add_trace(go.Bar(x=da["head"].values, y=da.sel(variant=v).values, name=str(v)))
     else:
-        fig.add_trace(go.Bar(x=da.head.values, y=da.values, name=var))
+        fig.add_trace(go.Bar(x=da["head"].values, y=da.values, name=var))
     fig.update_layout(title=title or f"{var} per head", xaxis_title="head", yaxis_title=var, yaxis_type="log",
                       barmode="group", height=360)
     return fig
