@@ -6,11 +6,17 @@ x [M, 4096] bf16 with M = 1..16, w [151936, 4096] bf16 (nn.Linear layout). Each 
 is checked against the fp64 oracle (partial rounding emulated) on a subset of columns before it is
 timed; the peer is torch.matmul(x, w.T) in bf16 in the same process. Bandwidth counts the bytes of
 w read once (1.245 GB), the floor for every variant.
+
+Variants: ``ext_S{S}_{part}`` is the ext CUDA backend on its automatic path (tensor cores for bf16
+inputs), ``ext-scalar_S{S}_fp32`` the same backend forced onto its CUDA-core kernel
+(WORKBENCH_GEMM_CUDA_PATH=scalar, the kernel of the earlier results), ``numba_S{S}_fp32`` the numba
+backend (only with --numba).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import sys
 from pathlib import Path
@@ -29,7 +35,10 @@ def main(argv=None):
     ap.add_argument("--out", default="benchmarks/results/gemm-h200.json")
     ap.add_argument("--batches", default="1,2,4,8,16")
     ap.add_argument("--splits", default="1,4,9,16")
+    ap.add_argument("--scalar-splits", default="1,4", help="splits timed on the CUDA-core path too")
+    ap.add_argument("--numba", action="store_true", help="time the numba backend too (fp32 partials)")
     a = ap.parse_args(argv)
+    scalar_splits = {int(v) for v in a.scalar_splits.split(",") if v}
     N, K = 151936, 4096
     ceiling = copy_bandwidth_gbs()
     g = torch.Generator(device="cuda").manual_seed(0)
@@ -47,10 +56,15 @@ def main(argv=None):
         for S in map(int, a.splits.split(",")):
             for part in ("fp32", "bf16"):
                 ref = oracle.splitk_matmul(x.cpu(), wsub, splits=S, partial_dtype=part)
-                for name, mod in (("ext", ext), ("numba", numba_cuda)):
-                    if name == "numba" and part == "bf16":
-                        continue
+                variants = [("ext", ext, "auto")]
+                if part == "fp32" and S in scalar_splits:
+                    variants.append(("ext-scalar", ext, "scalar"))
+                if part == "fp32" and a.numba:
+                    variants.append(("numba", numba_cuda, None))
+                for name, mod, path in variants:
                     key = f"{name}_S{S}_{part}"
+                    if path is not None:
+                        os.environ[ext.PATH_ENV] = path
                     fn = (lambda m=mod, s=S, p=part: m.splitk_matmul(x, w, splits=s, partial_dtype=p, order="sequential",
                                                                     out_dtype="bf16", policy=None))
                     try:
@@ -63,11 +77,17 @@ def main(argv=None):
                         ms = bench_ms(fn)
                         res[key] = {"ms": ms, "GBps": nbytes / ms / 1e6, "ratio_vs_torch": ms / peer_ms,
                                     "rel_l2_vs_oracle": err}
+                        if path is not None:
+                            res[key]["cuda_path"] = ext.cuda_path(x.dtype)
                     except Exception as e:
                         res[key] = {"error": f"{type(e).__name__}: {e}"[:400]}
+                    finally:
+                        os.environ.pop(ext.PATH_ENV, None)
         fp32 = [(v["ratio_vs_torch"], k) for k, v in res.items() if k.endswith("_fp32") and "ms" in v]
         res["best_fp32_partials"] = {"name": min(fp32)[1], "ratio_vs_torch": min(fp32)[0]} if fp32 else None
-        print(res)
+        print(f"M={M:2d} torch {peer_ms:.3f} ms | " + " | ".join(
+            f"{k} {v['ms']:.3f} ({v['ratio_vs_torch']:.2f}x)" for k, v in res.items() if isinstance(v, dict) and "ratio_vs_torch" in v),
+            flush=True)
         rows.append(res)
     met = all(r["best_fp32_partials"] and r["best_fp32_partials"]["ratio_vs_torch"] <= 1.5 for r in rows)
     write(a.out, "python " + " ".join(shlex.quote(x) for x in ["benchmarks/gemm.py", *(argv or sys.argv[1:])]), rows,
