@@ -86,7 +86,7 @@ def main(argv=None):
         fp32 = [(v["ratio_vs_torch"], k) for k, v in res.items() if k.endswith("_fp32") and "ms" in v]
         res["best_fp32_partials"] = {"name": min(fp32)[1], "ratio_vs_torch": min(fp32)[0]} if fp32 else None
         print(f"M={M:2d} torch {peer_ms:.3f} ms | " + " | ".join(
-            f"{k} {v['ms']:.3f} ({v['ratio_vs_torch']:.2f}x)" for k, v in res.items() if isinstance(v, dict) and "ratio_vs_torch" in v),
+            f"{k} {v['ms']:.3f} ({v['ratio_vs_torch']:.2f}x)" for k, v in res.items() if isinstance(v, dict) and "ratio_vs_torch" in v and "ms" in v),
             flush=True)
         rows.append(res)
     met = all(r["best_fp32_partials"] and r["best_fp32_partials"]["ratio_vs_torch"] <= 1.5 for r in rows)
