@@ -5,7 +5,7 @@
 // with fp32 results, "swap AB": the weight is the 16-row A operand (16 output columns n) and x^T
 // the 8-column B operand (8 tokens; M padded with zeros to 8 or 16). A block of 4 warps owns 32
 // columns and one K slice; the slice is walked in chunks of 32 k, two chunks per warp and
-// iteration (every lane has four 16-byte loads of w in flight, streamed past L1). Each thread
+// iteration (every lane has eight 16-byte loads of w in flight, streamed past L1). Each thread
 // loads 8 consecutive k of a row; the k order inside a chunk is permuted identically for A and B,
 // which leaves every dot product unchanged. Every mma sums 16 exact products (bf16 x bf16 and
 // fp16 x fp16 products are exact in fp32) starting from a zero accumulator, in the tensor core's
