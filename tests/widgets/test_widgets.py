@@ -13,7 +13,7 @@ def _ys(live):
 
 
 def test_explorer_updates_in_place():
-    ex = CaptureExplorer(CAPTURES / "control", CAPTURES / "candidate", aa=CAPTURES / "control-repeat")
+    ex = CaptureExplorer(CAPTURES / "control", CAPTURES / "candidate", aa=CAPTURES / "control-repeat", step=[0, 1])
     before = _ys(ex.by_layer)
     ex.controls["op"].value = "gdn"
     assert _ys(ex.by_layer) != before

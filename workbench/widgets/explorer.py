@@ -23,10 +23,10 @@ class CaptureExplorer:
     >>> ex.controls["op"].value = "qsa"               # the figures update in place        # doctest: +SKIP
     """
 
-    def __init__(self, control, candidate, *, aa=None, rules=None) -> None:
+    def __init__(self, control, candidate, *, aa=None, rules=None, **filters) -> None:
         import ipywidgets as w
 
-        self.result = compare_captures(control, candidate, aa=aa, rules=rules)
+        self.result = compare_captures(control, candidate, aa=aa, rules=rules, **filters)
         t = self.result.table
         t = t[t["seq"] >= 0]
 
