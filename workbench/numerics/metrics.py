@@ -26,6 +26,9 @@ from workbench.numerics.dtypes import canonical, fmt
 __all__ = ["Comparison", "compare", "as_numpy_bits", "FIELDS"]
 
 _EXACT_BINS = 256
+# Below this many elements a single thread beats waking numba's pool (which costs milliseconds
+# per call on a loaded machine, and captures hold thousands of small tensors).
+_PARALLEL_MIN = 1 << 20
 _NBINS = _EXACT_BINS + 64
 _BLOCK = 1 << 16
 
@@ -316,9 +319,24 @@ def compare(a, b, *, dtype=None, atol: float = 1e-5, rtol: float = 1e-3,
     sign = _SIGN[ulp]
     n = va.shape[0]
     blocks = max(1, min(256, (n + _BLOCK - 1) // _BLOCK))
-    stats_parts, hist_parts, maxu_parts = [], [], []
     native = ka == ulp and kb == ulp
     step = n if native or n == 0 else chunk
+    prev_threads = numba.get_num_threads()
+    if n < _PARALLEL_MIN:
+        numba.set_num_threads(1)  # thread-local; restored below
+    try:
+        parts = _run_chunks(va, ka, vb, kb, ulp, luta, lutb, sign, n, step, blocks, atol, rtol)
+    finally:
+        numba.set_num_threads(prev_threads)
+    stats_parts, hist_parts, maxu_parts = parts
+    st = np.concatenate(stats_parts) if stats_parts else np.zeros((0, _NSTATS))
+    hist = np.concatenate(hist_parts).sum(axis=0) if hist_parts else np.zeros(_NBINS, np.int64)
+    max_ulp = int(np.concatenate(maxu_parts).max()) if maxu_parts else 0
+    return _finish(st, hist, max_ulp, n, shape_a, ulp, atol, rtol)
+
+
+def _run_chunks(va, ka, vb, kb, ulp, luta, lutb, sign, n, step, blocks, atol, rtol):
+    stats_parts, hist_parts, maxu_parts = [], [], []
     for lo in range(0, max(n, 1), max(step, 1)):
         hi = min(n, lo + step)
         sa, sb = va[lo:hi], vb[lo:hi]
@@ -331,10 +349,7 @@ def compare(a, b, *, dtype=None, atol: float = 1e-5, rtol: float = 1e-3,
         stats_parts.append(st)
         hist_parts.append(hi_)
         maxu_parts.append(mu)
-    st = np.concatenate(stats_parts) if stats_parts else np.zeros((0, _NSTATS))
-    hist = np.concatenate(hist_parts).sum(axis=0) if hist_parts else np.zeros(_NBINS, np.int64)
-    max_ulp = int(np.concatenate(maxu_parts).max()) if maxu_parts else 0
-    return _finish(st, hist, max_ulp, n, shape_a, ulp, atol, rtol)
+    return stats_parts, hist_parts, maxu_parts
 
 
 def _finish(st, hist, max_ulp, n, shape, ulp, atol, rtol) -> Comparison:
