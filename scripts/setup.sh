@@ -35,4 +35,13 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ] || ! "$PY" -c "import w
   "$PY" -m pip install -q -e ".[dev]"
   echo "$want" > "$stamp"
 fi
+# The browser tests drive Debian's chromium through Playwright (never `playwright install`: its
+# browser download is not used). Installed here when missing and we may use apt (root, Debian);
+# elsewhere those tests are skipped with the reason. WORKBENCH_NO_APT=1 skips this step.
+if ! command -v chromium >/dev/null 2>&1 && [ -z "${WORKBENCH_NO_APT:-}" ] \
+   && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+  echo "setup: installing Debian's chromium for the browser tests"
+  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
+    || echo "setup: could not install chromium; browser tests will be skipped"
+fi
 echo "setup: ready ($("$PY" -c 'import sys, torch; print(f"python {sys.version.split()[0]}, torch {torch.__version__}")'))"
