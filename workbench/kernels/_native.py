@@ -25,7 +25,7 @@ from pathlib import Path
 
 from workbench.errors import BackendUnavailableError
 
-__all__ = ["source_dir", "cache_dir", "find_cxx", "find_nvcc", "build", "load"]
+__all__ = ["source_dir", "cache_dir", "find_cxx", "find_nvcc", "availability", "build", "load"]
 
 
 def source_dir() -> Path:
@@ -65,6 +65,13 @@ def find_nvcc() -> str | None:
         if c and Path(c).is_file() and os.access(c, os.X_OK):
             return c
     return None
+
+
+def availability() -> tuple[bool, str]:
+    """``is_available()`` of an ext backend that builds for the CPU (g++) and for CUDA (nvcc)."""
+    if find_cxx() is None and find_nvcc() is None:
+        return False, "no C++ compiler (g++) and no nvcc found"
+    return True, "native C++ (CPU tensors) / CUDA (GPU tensors, needs nvcc)"
 
 
 @lru_cache(maxsize=None)

@@ -53,9 +53,7 @@ def cuda_path(dtype) -> str:
 
 
 def is_available() -> tuple[bool, str]:
-    if _native.find_cxx() is None and _native.find_nvcc() is None:
-        return False, "no C++ compiler (g++) and no nvcc found"
-    return True, "native C++ (CPU tensors) / CUDA (GPU tensors, needs nvcc)"
+    return _native.availability()
 
 
 @lru_cache(maxsize=None)

@@ -30,9 +30,7 @@ LOG2E = 1.0 / math.log(2.0)
 
 
 def is_available() -> tuple[bool, str]:
-    if _native.find_cxx() is None and _native.find_nvcc() is None:
-        return False, "no C++ compiler (g++) and no nvcc found"
-    return True, "native C++ (CPU tensors) / CUDA (GPU tensors, needs nvcc)"
+    return _native.availability()
 
 
 @lru_cache(maxsize=None)
