@@ -106,42 +106,21 @@ def test_argument_errors():
         splitk_sweep(x, w, splits=[1000])  # more splits than K: the gemm API refuses it
 
 
-def _bundled(*words):
-    out = []
-    if CAPTURES.is_dir():
-        for p in sorted(CAPTURES.iterdir()):
-            if (p / "manifest.json").is_file():
-                for k, v in (open_capture(p).run.get("expect") or {}).items():
-                    if any(wd in k.lower() for wd in words):
-                        out.append(pytest.param(p, k, v, id=f"{p.name}-{k}"))
-    return out or [pytest.param(None, None, None, marks=pytest.mark.skip(reason="no bundled split-K capture yet"))]
-
-
-@pytest.mark.parametrize("path,key,expect", _bundled("split"))
-def test_bundled_splitk_capture_planted_answer(path, key, expect):
-    """A bundled capture whose run["expect"] plants a split-K flip: the sweep finds that config."""
-    cap = open_capture(path)
-    exp = expect if isinstance(expect, dict) else {}
-    key_kw = {k: exp[k] for k in ("op", "step", "rank", "layer") if k in exp}
-    def ints(words):
-        vals = [v for k, v in exp.items() if any(wd in k.lower() for wd in words)]
-        return sorted({int(s) for v in vals for s in np.atleast_1d(v).tolist()})
-
-    fail = ints(("fail", "flip")) or ([int(exp["splits"])] if "splits" in exp else [])
-    passes = ints(("pass", "control_splits", "ok"))
-    splits = sorted(set(fail) | set(passes) | {1})
-    pd_ = exp.get("partial_dtype", "bf16")
-    ds = splitk_sweep_capture(cap, splits=splits, partial_dtypes=sorted({"fp32", pd_}),
-                              orders=[exp.get("order", "sequential")],
-                              logits_dtype=exp.get("logits_dtype", "bf16"), **key_kw)
-    got = ds.fails.sel(partial_dtype=pd_).isel(order=0)
-    assert fail, f"{key}: the planted answer names no failing split count ({expect})"
-    for s in fail:
-        assert bool(got.sel(splits=s)), f"{key}: splits={s} should change the token"
-    for s in passes:
-        assert not bool(got.sel(splits=s)), f"{key}: splits={s} should keep the token"
-    if "partial" in str(exp.get("cause", "")):
-        assert bool(ds.partial_cause.sel(partial_dtype=pd_).isel(order=0).sel(splits=fail[0]))
+def test_bundled_splitk_capture_planted_answer():
+    """splitk-flip records the lm_head input and weight: the sweep reproduces, split count by split
+    count, which bf16-partial configurations flip the token (run["splitk"]), and fp32 partials
+    never do."""
+    cap = open_capture(CAPTURES / "splitk-flip")
+    sk = cap.run["splitk"]
+    expected = {int(k): v for k, v in sk["token_by_splits_bf16_partials"].items()}
+    ds = splitk_sweep_capture(cap, step=sk["step"], splits=sorted(expected), partial_dtypes=["fp32", "bf16"],
+                              orders=["sequential"], logits_dtype="bf16")
+    fails = ds.fails.sel(partial_dtype="bf16").isel(order=0)
+    got = sorted(int(s) for s in ds.splits.values if bool(fails.sel(splits=s)))
+    assert got == sorted(sk["flipping_splits_bf16_partials"])
+    assert not bool(ds.fails.sel(partial_dtype="fp32").any())
+    assert 9 in got and 16 not in got  # "9 splits fail, 16 pass"
+    assert all(bool(ds.partial_cause.sel(partial_dtype="bf16").isel(order=0).sel(splits=s)) for s in got)
 
 
 def test_docstring_examples_run():
