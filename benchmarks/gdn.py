@@ -10,6 +10,9 @@ Kernel-level timings launch our kernels on inputs already staged to float32 (``l
 ``api`` timings go through ``workbench.kernels.gdn`` and include staging (casts, state copy).
 Ratio = fla time / our time (above 1: ours is faster). ``graph_*`` entries time a CUDA-graph
 replay of the same call (no Python launch cost), as a serving engine's graphed decode sees it.
+Prefill ``ext`` is the CUDA chunked path the backend picks for bf16 inputs (``mma``: tensor
+cores, tf32 operands); ``ext_scalar`` is the plain-fp32 path (the default for fp32 inputs).
+``--only`` keeps the named runners (and fla).
 
     python benchmarks/gdn.py --out benchmarks/results/gdn-h200-YYYYMMDD.json
 """
@@ -118,6 +121,13 @@ def _fla():
     return chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
 
 
+ONLY: set = set()
+
+
+def _want(name):
+    return not ONLY or name in ONLY or name == "fla"
+
+
 def _runners(x, op):
     """{name: zero-argument callable} for one problem; ``op`` is 'decode' or 'prefill'."""
     s, _, _, tensors, state, _ = _launch.stage("ext", **x, scale=None, qk_l2norm=False, policy=None)
@@ -131,11 +141,16 @@ def _runners(x, op):
         run["ext_api"] = lambda: gdn.recurrent(**x, backend="ext")
     else:
         run["numba"] = lambda: numba_cuda.launch("chunked", s, 64, tensors, st_n, o)
-        run["ext"] = lambda: ext.launch("chunked", s, 64, 0, tensors, st_e, o)
+        path = ext.cuda_path(s, 64, 0, x["q"].dtype)
+        run["ext"] = lambda: ext.launch("chunked", s, 64, 0, tensors, st_e, o, path=path)
+        run["ext_scalar"] = lambda: ext.launch("chunked", s, 64, 0, tensors, st_e, o,
+                                               path="scalar")
         if s.T <= 8192:
-            run.update(_numba_phases(s, tensors, state.clone(), o.clone()))
+            if _want("numba_phase1_prepare"):
+                run.update(_numba_phases(s, tensors, state.clone(), o.clone()))
             run["numba_recurrent"] = lambda: numba_cuda.launch("recurrent", s, 64, tensors, st_n, o)
             run["ext_recurrent"] = lambda: ext.launch("recurrent", s, 64, 0, tensors, st_e, o)
+    run = {n: f for n, f in run.items() if _want(n)}
     try:
         chunk, fused = _fla()
         kw = dict(q=x["q"], k=x["k"], v=x["v"], g=x["g"], beta=x["beta"].bfloat16(),
@@ -249,7 +264,8 @@ def prefill(report):
                    TFLOPs={n: (_chunk_flops(T) / (t * 1e-3) / 1e12 if t else None)
                            for n, t in res.items()},
                    io_GBps={n: (io_bytes / (t * 1e-3) / 1e9 if t else None) for n, t in res.items()},
-                   ratio_vs_fla=_ratios(res), graph_ms=gres, graph_ratio_vs_fla=_ratios(gres))
+                   ratio_vs_fla=_ratios(res), graph_ms=gres, graph_ratio_vs_fla=_ratios(gres),
+                   ext_path=ext.cuda_path(s, 64, 0, x["q"].dtype))
         print(json.dumps(row), flush=True)
         rows.append(row)
     report["prefill"] = rows
@@ -259,7 +275,9 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--skip", nargs="*", default=[], choices=["correctness", "decode", "prefill"])
+    ap.add_argument("--only", nargs="*", default=[], help="runner names to time (fla always)")
     args = ap.parse_args()
+    ONLY.update(args.only)
     report = dict(command=" ".join([Path(sys.executable).name, *sys.argv]),
                   date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                   device=torch.cuda.get_device_name(), versions=_versions(),

@@ -66,3 +66,79 @@ def test_cuda_against_oracle(op):
     o, s = getattr(gdn, op)(**x, qk_l2norm=True, backend="ext")
     assert workbench.compare(ref_o, o).rel_l2 <= 5e-3
     assert workbench.compare(ref_s, s).rel_l2 <= 5e-3
+
+
+# --- the tensor-core (mma) chunked path of the CUDA build ---------------------------------------
+
+def _shape(K=128, V=128):
+    from workbench.kernels.gdn._checks import check_gdn
+    x = make_inputs(1, 3, 1, 2, K, V)
+    return check_gdn(x["q"], x["k"], x["v"], x["g"], x["beta"], None, None)
+
+
+def test_cuda_path_choice(monkeypatch):
+    # CPU: the launcher's path logic, no GPU needed
+    monkeypatch.delenv("WORKBENCH_GDN_CUDA_PATH", raising=False)
+    s = _shape()
+    assert ext.cuda_path(s, 64, 0, torch.bfloat16) == "mma"
+    assert ext.cuda_path(s, 64, 0, torch.float16) == "mma"
+    assert ext.cuda_path(s, 64, 0, torch.float32) == "scalar"
+    assert ext.cuda_path(s, 64, 0, None) == "scalar"
+    assert ext.cuda_path(s, 32, 0, torch.bfloat16) == "scalar"   # chunk other than 64
+    assert ext.cuda_path(s, 64, 1, torch.bfloat16) == "scalar"   # fp64 accumulators
+    assert ext.cuda_path(_shape(K=32), 64, 0, torch.bfloat16) == "scalar"
+    assert ext.cuda_path(_shape(V=48), 64, 0, torch.bfloat16) == "scalar"
+    assert ext.cuda_path(_shape(K=64, V=32), 64, 0, torch.bfloat16) == "mma"
+    monkeypatch.setenv("WORKBENCH_GDN_CUDA_PATH", "scalar")
+    assert ext.cuda_path(s, 64, 0, torch.bfloat16) == "scalar"
+    monkeypatch.setenv("WORKBENCH_GDN_CUDA_PATH", "mma")
+    assert ext.cuda_path(s, 64, 0, torch.float32) == "mma"
+    with pytest.raises(KernelArgumentError, match="chunk_size 64"):
+        ext.cuda_path(_shape(K=32), 64, 0, torch.float32)
+    monkeypatch.setenv("WORKBENCH_GDN_CUDA_PATH", "fast")
+    with pytest.raises(KernelArgumentError, match="WORKBENCH_GDN_CUDA_PATH"):
+        ext.cuda_path(s, 64, 0, torch.bfloat16)
+
+
+MMA_CASES = [
+    (2, 200, 2, 4, 128, 64, True),     # T not a multiple of 64, initial state
+    (1, 77, 1, 2, 64, 128, False),     # K = 64, no state
+    (1, 1, 2, 4, 128, 128, True),      # one step
+    (1, 64, 1, 1, 128, 32, True),      # exactly one chunk
+    (1, 1000, 16, 32, 128, 128, True), # the model's heads, odd T
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", MMA_CASES, ids=[case_id(*c[:6], "bf16", c[6]) for c in MMA_CASES])
+def test_cuda_mma_against_oracle(case, monkeypatch):
+    monkeypatch.delenv("WORKBENCH_GDN_CUDA_PATH", raising=False)
+    *dims, state = case
+    x = make_inputs(*dims, dtype=torch.bfloat16, state=state, seed=11, device="cuda")
+    ref_o, ref_s = oracle.chunked(**x, qk_l2norm=True)
+    o, s = gdn.chunked(**x, qk_l2norm=True, backend="ext")   # auto: mma for bf16 inputs
+    co, cs = workbench.compare(ref_o, o), workbench.compare(ref_s, s)
+    monkeypatch.setenv("WORKBENCH_GDN_CUDA_PATH", "scalar")
+    o2, s2 = gdn.chunked(**x, qk_l2norm=True, backend="ext")
+    print(f"\nmma {case}: o {co.rel_l2:.3e} state {cs.rel_l2:.3e}; scalar o "
+          f"{workbench.compare(ref_o, o2).rel_l2:.3e} state {workbench.compare(ref_s, s2).rel_l2:.3e}")
+    assert co.rel_l2 <= 5e-3 and cs.rel_l2 <= 5e-3
+    # tf32 operands: within a small margin of the fp32 path
+    assert workbench.compare(ref_s, s).rel_l2 <= 10 * workbench.compare(ref_s, s2).rel_l2 + 1e-3
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("split", [64, 100])
+def test_cuda_mma_continuation(split, monkeypatch):
+    """Prefill continuation on the mma path: [0:split] then [split:] with the state carried
+    equals one call."""
+    monkeypatch.setenv("WORKBENCH_GDN_CUDA_PATH", "mma")
+    x = make_inputs(1, 128 if split == 64 else 230, 2, 4, 128, 128, dtype=torch.bfloat16,
+                    state=True, seed=12, device="cuda")
+    o, s = gdn.chunked(**x, qk_l2norm=True, backend="ext")
+    part = lambda a, b: {n: (t[:, a:b] if n != "initial_state" else t) for n, t in x.items()}
+    o1, s1 = gdn.chunked(**part(0, split), qk_l2norm=True, backend="ext")
+    o2, s2 = gdn.chunked(**{**part(split, None), "initial_state": s1}, qk_l2norm=True,
+                         backend="ext")
+    assert workbench.compare(o.float(), torch.cat([o1, o2], 1).float()).rel_l2 <= 5e-3
+    assert workbench.compare(s, s2).rel_l2 <= 1e-4

@@ -6,11 +6,18 @@ stream. Both compute in float32 storage with dot products accumulated in ``polic
 (fp32 or fp64); the state stays float32 (``state_dtype`` other than fp32 is refused), inputs are
 materialized in ``policy.input_dtype`` when set, o is rounded to ``policy.output_dtype``
 (None: v's dtype). The helper ops run through the ``torch`` backend.
+
+The CUDA chunked form has two paths (``cuda_path``): ``scalar`` (plain fp32 FMAs, the element code
+of ``gdn_common.h``) and ``mma`` (``gdn_mma.cu``: tensor cores, tf32 operands rounded to nearest,
+fp32 accumulators; chunk 64, K in {64, 128}, V a multiple of 32 up to 128). ``auto`` takes ``mma``
+for bf16/fp16 inputs (after ``policy.input_dtype``) when the shape fits and the accumulator is
+fp32, else ``scalar``; ``WORKBENCH_GDN_CUDA_PATH=scalar|mma|auto`` overrides.
 """
 
 from __future__ import annotations
 
 import ctypes
+import os
 from functools import lru_cache
 
 import torch
@@ -19,13 +26,16 @@ from workbench.errors import BackendUnavailableError, KernelArgumentError
 from workbench.kernels import _native
 from workbench.kernels.gdn import torch_ref
 from workbench.kernels.gdn._launch import stage
+from workbench.numerics.dtypes import torch_dtype
 
 __all__ = ["recurrent", "chunked", "gates", "causal_conv1d", "gated_rmsnorm", "is_available",
            "library"]
 
 HEADERS = ["gdn/gdn_common.h"]
-SOURCES = {"cpu": ["gdn/gdn_cpu.cpp"], "cuda": ["gdn/gdn_cuda.cu"]}
+SOURCES = {"cpu": ["gdn/gdn_cpu.cpp"], "cuda": ["gdn/gdn_cuda.cu", "gdn/gdn_mma.cu"]}
 CUDA_K = (16, 32, 64, 128, 256)
+MMA_K = (64, 128)
+PATHS = ("auto", "mma", "scalar")
 
 _P, _I, _F = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
 _ARGS = [_P] * 7 + [_I] * 6 + [_F]
@@ -52,21 +62,58 @@ def library(kind: str) -> ctypes.CDLL:
         rec.argtypes, rec.restype = _ARGS + [_I] + extra, _I
         chk = getattr(lib, f"gdn_chunked_{sfx}")
         chk.argtypes, chk.restype = [_P] * 10 + [_I] * 6 + [_F, _I, _I] + extra, _I
+        if kind == "cuda":
+            mma = lib.gdn_chunked_mma_cuda
+            mma.argtypes, mma.restype = [_P] * 11 + [_I] * 6 + [_F, _P], _I
         lib._gdn_typed = True
     return lib
+
+
+def mma_fits(s, C, acc64) -> bool:
+    """Whether the tensor-core chunked path takes this problem."""
+    return C == 64 and not acc64 and s.K in MMA_K and s.V % 32 == 0 and 32 <= s.V <= 128
+
+
+def cuda_path(s, C, acc64, input_dtype=None) -> str:
+    """'mma' or 'scalar' for a CUDA chunked call (see the module docstring).
+
+    ``input_dtype``: the dtype the inputs were materialized in (None: unknown, taken as fp32).
+    """
+    want = os.environ.get("WORKBENCH_GDN_CUDA_PATH", "auto").strip().lower() or "auto"
+    if want not in PATHS:
+        raise KernelArgumentError(f"WORKBENCH_GDN_CUDA_PATH: expected one of {PATHS}, got {want!r}",
+                                  key="backend", fix="unset it or use auto, mma or scalar")
+    fits = mma_fits(s, C, acc64)
+    if want == "mma" and not fits:
+        raise KernelArgumentError(
+            f"WORKBENCH_GDN_CUDA_PATH=mma: the tensor-core path needs chunk_size 64, fp32 "
+            f"accumulators, K in {MMA_K} and V a multiple of 32 up to 128; got chunk {C}, "
+            f"K={s.K}, V={s.V}, accum {'fp64' if acc64 else 'fp32'}", key="backend",
+            fix="unset WORKBENCH_GDN_CUDA_PATH (auto falls back to the scalar path)")
+    if want == "auto":
+        want = "mma" if fits and input_dtype in (torch.bfloat16, torch.float16) else "scalar"
+    return want
 
 
 def _run(op, q, k, v, g, beta, scale, initial_state, qk_l2norm, policy, chunk_size=None):
     s, p, C, tensors, state, out = stage("ext", q, k, v, g, beta, scale, initial_state,
                                          qk_l2norm, policy, chunk_size)
     o = torch.empty(s.B, s.T, s.HV, s.V, dtype=torch.float32, device=tensors[0].device)
+    acc64 = int(p.accum_dtype == "fp64")
+    path = "scalar"
+    if op == "chunked" and tensors[0].is_cuda:
+        path = cuda_path(s, C, acc64, torch_dtype(p.input_dtype) if p.input_dtype else q.dtype)
     if s.T > 0:
-        launch(op, s, C, int(p.accum_dtype == "fp64"), tensors, state, o)
+        launch(op, s, C, acc64, tensors, state, o, path=path)
     return o.to(out), state
 
 
-def launch(op, s, C, acc64, tensors, state, o):
-    """Run the native kernel on staged float32 contiguous tensors; ``state`` is updated in place."""
+def launch(op, s, C, acc64, tensors, state, o, path="scalar"):
+    """Run the native kernel on staged float32 contiguous tensors; ``state`` is updated in place.
+
+    ``path`` ("scalar" or "mma") picks the CUDA chunked kernels; CPU tensors and the recurrence
+    always run the scalar code.
+    """
     q = tensors[0]
     kind = "cuda" if q.is_cuda else "cpu"
     if kind == "cpu" and q.device.type != "cpu":
@@ -85,10 +132,22 @@ def launch(op, s, C, acc64, tensors, state, o):
     if op == "recurrent":
         rc = getattr(lib, f"gdn_recurrent_{kind}")(*ptrs, *dims, s.scale, acc64, *extra)
     else:
-        # workspace of the three-phase chunked form: gcum, W, U
+        # workspace of the three-phase chunked form: gcum, W, U (and the mma path's per-chunk states)
         f32 = dict(dtype=torch.float32, device=q.device)
         ws = (torch.empty(s.B, s.HV, s.T, **f32), torch.empty(s.B, s.HV, s.T, s.K, **f32),
               torch.empty(s.B, s.HV, s.T, s.V, **f32))
+        if kind == "cuda" and path == "mma":
+            if not mma_fits(s, C, acc64):
+                raise KernelArgumentError(f"path: the mma path does not take chunk {C}, K={s.K}, "
+                                          f"V={s.V}, acc64={acc64}", key="backend")
+            nc = (s.T + C - 1) // C
+            sh = torch.empty(s.B, s.HV, nc, s.K, s.V, **f32)
+            rc = lib.gdn_chunked_mma_cuda(*ptrs, *(w.data_ptr() for w in (*ws, sh)), *dims,
+                                          s.scale, *extra)
+            if rc != 0:
+                raise BackendUnavailableError(f"native gdn chunked (cuda, mma) failed with code {rc}",
+                                              key="backend", fix="WORKBENCH_GDN_CUDA_PATH=scalar")
+            return
         rc = getattr(lib, f"gdn_chunked_{kind}")(*ptrs, *(w.data_ptr() for w in ws), *dims,
                                                  s.scale, C, acc64, *extra)
     if rc != 0:
