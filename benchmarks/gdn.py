@@ -271,10 +271,31 @@ def prefill(report):
     report["prefill"] = rows
 
 
+def kernel_times(report, T=8192):
+    """Per-kernel GPU time (torch.profiler) of one ext chunked call on each CUDA path."""
+    from torch.profiler import ProfilerActivity, profile
+    x = _inputs(1, T, seed=3)
+    s, _, _, tensors, state, _ = _launch.stage("ext", **x, scale=None, qk_l2norm=False, policy=None)
+    o = torch.empty(s.B, s.T, s.HV, s.V, dtype=torch.float32, device="cuda")
+    out = {}
+    for path in ("mma", "scalar"):
+        fn = lambda: ext.launch("chunked", s, 64, 0, tensors, state.clone(), o, path=path)
+        fn()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(3):
+                fn()
+            torch.cuda.synchronize()
+        out[path] = {e.key[:60]: e.device_time_total / 3 / 1e3 for e in prof.key_averages()
+                     if e.device_time_total > 0}
+        print(path, json.dumps(out[path]), flush=True)
+    report[f"ext_kernel_ms_T{T}"] = out
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--skip", nargs="*", default=[], choices=["correctness", "decode", "prefill"])
+    ap.add_argument("--skip", nargs="*", default=[], choices=["correctness", "decode", "prefill", "kernels"])
     ap.add_argument("--only", nargs="*", default=[], help="runner names to time (fla always)")
     args = ap.parse_args()
     ONLY.update(args.only)
@@ -285,7 +306,8 @@ def main():
                   backends=gdn_backends())
     report["copy_TBps"] = copy_bandwidth()
     print("copy TB/s", report["copy_TBps"], flush=True)
-    for name, fn in (("correctness", correctness), ("decode", decode), ("prefill", prefill)):
+    for name, fn in (("correctness", correctness), ("decode", decode), ("prefill", prefill),
+                     ("kernels", kernel_times)):
         if name in args.skip:
             continue
         try:

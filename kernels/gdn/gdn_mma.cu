@@ -6,21 +6,27 @@
 // nearest tf32, 10-bit mantissa) and fp32 accumulators. Operands are the float32 tensors the
 // launcher staged (bf16 inputs widened, q/k L2-normalized in fp32) and fp32 intermediates; tf32
 // keeps their rounding (2^-11 relative) well below the bf16 rounding of the inputs (2^-8).
-//   1. prepare, one block per (b, hv, chunk): A by mma, X = (I + A)^-1 by forward substitution in
-//      shared memory (one column per thread), W = X (beta exp(gc) K), U = X (beta V) by mma.
-//   2. state pass, one block per (b, hv, 32 value columns), sequential over chunks: the state tile
-//      lives in mma accumulators; per chunk U <- U - W S, S is saved for phase 3 (Sh), and
-//      S <- exp(gc_last) S + K^T (exp(gc_last - gc_j) U_j); the next chunk's W and K are copied
-//      into shared memory (cp.async) while this one computes.
+//   1. prepare, one block per (b, hv, chunk): A by mma, X = (I + A)^-1 in shared memory (16 x 16
+//      diagonal blocks by forward substitution, then the off-diagonal blocks: gdn_mma.h),
+//      W = X (beta exp(gc) K), U = X (beta V) by mma.
+//   2. state pass, one block of 8 warps per (b, hv, 32 value columns), sequential over chunks: the
+//      state tile lives in mma accumulators; per chunk U <- U - W S, S is saved for phase 3 (Sh),
+//      and S <- exp(gc_last) S + K^T (exp(gc_last - gc_j) U_j); the next chunk's W, K, U tile and
+//      decays are copied into shared memory (cp.async) while this one computes.
 //   3. output, one block per (b, hv, chunk): o = scale (exp(gc_i) q_i S + sum_{j<=i} P_ij U_j) with
-//      P = (Q K^T) * exp(gc_i - gc_j), both products by mma.
+//      P = (Q K^T) * exp(gc_i - gc_j), both products by mma; P is computed while S and U arrive.
 // Workspace (float32): gcum [B,HV,T], W [B,HV,T,K], U [B,HV,T,V], Sh [B,HV,NC,K,V].
 #include <cuda_runtime.h>
 #include <stdint.h>
 
 #include "gdn/gdn_common.h"
+#include "gdn/gdn_mma.h"
 
 namespace {
+
+struct BlockSync {
+  __device__ __forceinline__ void operator()() const { __syncthreads(); }
+};
 
 constexpr int kC = 64;         // chunk length
 constexpr int kBV = 32;        // value columns per block of the state pass
@@ -85,6 +91,10 @@ __device__ __forceinline__ void cp16(float* dst, const float* src) {
   const unsigned s = (unsigned)__cvta_generic_to_shared(dst);
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(src));
 }
+__device__ __forceinline__ void cp4(float* dst, const float* src) {
+  const unsigned s = (unsigned)__cvta_generic_to_shared(dst);
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(s), "l"(src));
+}
 __device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;"); }
 template <int N>
 __device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N)); }
@@ -105,7 +115,8 @@ __device__ __forceinline__ void load_rows(float* dst, int dst_st, const float* s
 }
 
 size_t prepare_smem(int K, int V) {
-  return sizeof(float) * ((size_t)kC * (K + 4) + (size_t)kC * (V + 8) + 2 * kC * kPS + 2 * kC);
+  return sizeof(float) * ((size_t)kC * (K + 4) + (size_t)kC * (V + 8) + 2 * kC * kPS + 2 * kC +
+                          3 * 256);
 }
 
 __global__ void __launch_bounds__(256)
@@ -121,6 +132,7 @@ mma_prepare(const float* __restrict__ k, const float* __restrict__ v, const floa
   float* Xs = As + kC * kPS;    // [C][PS]  (I + A)^-1
   float* gc = Xs + kC * kPS;    // [C]
   float* bt = gc + kC;          // [C]
+  float* Tm = bt + kC;          // [3][16][16] scratch of the blocked inversion
   const int bh = blockIdx.x / NC, n = blockIdx.x % NC, b = bh / HV, hv = bh % HV;
   const int h = hv / (HV / H), t0 = n * kC, L = gdn::imin(kC, T - t0);
   const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, gq = lane >> 2, tq = lane & 3;
@@ -163,32 +175,13 @@ mma_prepare(const float* __restrict__ k, const float* __restrict__ v, const floa
       }
   }
   __syncthreads();
-  if (tid < kC) {
-    // column j of X = (I + A)^-1: X[i][j] = [i == j] - sum_{j <= m < i} A[i][m] X[m][j]
-    const int j = tid;
-    for (int i = 0; i < j; ++i) Xs[i * kPS + j] = 0.f;
-    Xs[j * kPS + j] = 1.f;
-    for (int i = j + 1; i < kC; ++i) {
-      const float* ar = As + i * kPS;
-      float s0 = 0.f, s1 = 0.f, s2 = 0.f, s3 = 0.f;
-      int m = j;
-      for (; m + 3 < i; m += 4) {
-        s0 += ar[m] * Xs[m * kPS + j];
-        s1 += ar[m + 1] * Xs[(m + 1) * kPS + j];
-        s2 += ar[m + 2] * Xs[(m + 2) * kPS + j];
-        s3 += ar[m + 3] * Xs[(m + 3) * kPS + j];
-      }
-      for (; m < i; ++m) s0 += ar[m] * Xs[m * kPS + j];
-      Xs[i * kPS + j] = -((s0 + s1) + (s2 + s3));
-    }
-  } else {
-    // meanwhile: the right-hand sides beta exp(gc) K and beta V
-    for (int idx = tid - kC; idx < kC * (K + V); idx += 256 - kC) {
-      const int i = idx / (K + V), c = idx % (K + V);
-      if (c < K) Ks[i * SK + c] *= bt[i] * expf(gc[i]);
-      else Vs[i * SV + c - K] *= bt[i];
-    }
+  // the right-hand sides beta exp(gc) K and beta V (other arrays than the inversion's)
+  for (int idx = tid; idx < kC * (K + V); idx += 256) {
+    const int i = idx / (K + V), c = idx % (K + V);
+    if (c < K) Ks[i * SK + c] *= bt[i] * expf(gc[i]);
+    else Vs[i * SV + c - K] *= bt[i];
   }
+  gdn::invert_unit_lower64(As, Xs, Tm, kPS, tid, 256, BlockSync{});
   __syncthreads();
   // W = X (beta exp(gc) K), U = X (beta V); X is lower triangular: k runs to the tile's last row
   const int i0 = (w & 3) * 16;
@@ -213,99 +206,96 @@ mma_prepare(const float* __restrict__ k, const float* __restrict__ v, const floa
   }
 }
 
+// One stage of the state pass: a chunk's W rows, keys, U tile and cumulative decays.
 template <int K>
-size_t state_pass_smem() {
-  return sizeof(float) * (2 * (size_t)kC * (K + 4) + 2 * (size_t)kC * (K + 8) +
-                          (size_t)K * (kBV + 8) + (size_t)kC * (kBV + 8));
-}
+struct PassStage {
+  static constexpr int SW = K + 4, SKK = K + 8, SU = kBV + 8;
+  static constexpr int W = 0, Kk = W + kC * SW, U = Kk + kC * SKK, G = U + kC * SU,
+                       floats = G + kC;
+};
 
 template <int K>
-__global__ void __launch_bounds__(128, 1)
+size_t state_pass_smem() {
+  return sizeof(float) * (2 * (size_t)PassStage<K>::floats + (size_t)K * (kBV + 8) +
+                          (size_t)kC * (kBV + 8));
+}
+
+// 8 warps. W S: warp w owns rows 16 (w % 4).., columns 16 (w / 4)... The state update: K = 128,
+// warp w owns state rows 16 w.. and all 32 columns; K = 64, rows 16 (w % 4).., columns 16 (w / 4)..
+template <int K>
+__global__ void __launch_bounds__(256, 1)
 mma_state_pass(const float* __restrict__ k, const float* __restrict__ gcum,
                const float* __restrict__ W, float* __restrict__ U, float* __restrict__ Sh,
                float* __restrict__ state, int T, int H, int HV, int V, int NC) {
-  constexpr int SW = K + 4, SKK = K + 8, SS = kBV + 8, MT = K / 64, RW = K / 4;
+  using P = PassStage<K>;
+  constexpr int SS = kBV + 8, NT3 = K == 128 ? 4 : 2;
   extern __shared__ float4 smem4[];
   float* sm = reinterpret_cast<float*>(smem4);
-  float* Wb = sm;                  // [2][C][SW]   W chunks (double buffer)
-  float* Kb = Wb + 2 * kC * SW;    // [2][C][SKK]  key chunks
-  float* Ss = Kb + 2 * kC * SKK;   // [K][SS]      state tile, the B operand of W S
-  float* Ud = Ss + K * SS;         // [C][SS]      exp(gc_last - gc_j) U_j
+  float* Ss = sm + 2 * P::floats;  // [K][SS]  state tile, the B operand of W S
+  float* Ud = Ss + K * SS;         // [C][SS]  exp(gc_last - gc_j) U_j
   const int b = blockIdx.x / HV, hv = blockIdx.x % HV, h = hv / (HV / H), c0 = blockIdx.y * kBV;
   const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, gq = lane >> 2, tq = lane & 3;
+  const int r3 = K == 128 ? 16 * w : 16 * (w & 3), n3 = K == 128 ? 0 : 16 * (w >> 2);
+  const int r1 = 16 * (w & 3), n1 = 16 * (w >> 2);
   float* st = state + gdn::state_index(b, hv, HV, K, V) + c0;
-  float s[MT][4][4];  // rows w*RW + 16m + gq (+8), columns 8nt + 2tq (+1)
+  float s[1][NT3][4];  // rows r3 + gq (+8), columns n3 + 8nt + 2tq (+1)
 #pragma unroll
-  for (int m = 0; m < MT; ++m)
+  for (int nt = 0; nt < NT3; ++nt)
 #pragma unroll
-    for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-      for (int hf = 0; hf < 2; ++hf) {
-        const int r = w * RW + m * 16 + gq + 8 * hf, c = nt * 8 + 2 * tq;
-        const float2 x = *reinterpret_cast<const float2*>(st + (long)r * V + c);
-        s[m][nt][2 * hf] = x.x;
-        s[m][nt][2 * hf + 1] = x.y;
-      }
+    for (int hf = 0; hf < 2; ++hf) {
+      const int r = r3 + gq + 8 * hf, c = n3 + nt * 8 + 2 * tq;
+      const float2 x = *reinterpret_cast<const float2*>(st + (long)r * V + c);
+      s[0][nt][2 * hf] = x.x;
+      s[0][nt][2 * hf + 1] = x.y;
+    }
   auto issue = [&](int n) {
-    const int t0 = n * kC, L = gdn::imin(kC, T - t0), buf = n & 1;
-    load_rows(Wb + buf * kC * SW, SW, W + gdn::ws_row(b, hv, t0, HV, T) * K, K, kC, L, K, tid, 128);
-    load_rows(Kb + buf * kC * SKK, SKK, k + gdn::qk_index(b, t0, h, T, H, K), (long)H * K, kC, L, K,
-              tid, 128);
+    const int t0 = n * kC, L = gdn::imin(kC, T - t0);
+    float* sb = sm + (n & 1) * P::floats;
+    load_rows(sb + P::W, P::SW, W + gdn::ws_row(b, hv, t0, HV, T) * K, K, kC, L, K, tid, 256);
+    load_rows(sb + P::Kk, P::SKK, k + gdn::qk_index(b, t0, h, T, H, K), (long)H * K, kC, L, K, tid,
+              256);
+    load_rows(sb + P::U, P::SU, U + gdn::ws_row(b, hv, t0, HV, T) * V + c0, V, kC, L, kBV, tid,
+              256);
+    if (tid < kC) {  // 4-byte copies: a chunk's decays need not be 16-byte aligned
+      if (tid < L) cp4(sb + P::G + tid, gcum + gdn::ws_row(b, hv, t0 + tid, HV, T));
+      else sb[P::G + tid] = 0.f;
+    }
     cp_commit();
   };
   issue(0);
   for (int n = 0; n < NC; ++n) {
     const int t0 = n * kC, L = gdn::imin(kC, T - t0);
     if (n + 1 < NC) issue(n + 1);
-    // this warp's U rows (w*16 + gq, +8) and their decays, fetched before the barrier
-    float u[4][4];
-    float gi[2];
-    const float gl = gcum[gdn::ws_row(b, hv, t0 + L - 1, HV, T)];
-#pragma unroll
-    for (int hf = 0; hf < 2; ++hf) {
-      const int i = w * 16 + gq + 8 * hf;
-      gi[hf] = i < L ? gcum[gdn::ws_row(b, hv, t0 + i, HV, T)] : 0.f;
-#pragma unroll
-      for (int nt = 0; nt < 4; ++nt) {
-        float2 x = make_float2(0.f, 0.f);
-        if (i < L)
-          x = *reinterpret_cast<const float2*>(U + gdn::ws_row(b, hv, t0 + i, HV, T) * V + c0 +
-                                               nt * 8 + 2 * tq);
-        u[nt][2 * hf] = x.x;
-        u[nt][2 * hf + 1] = x.y;
-      }
-    }
     // the state before this chunk: to shared memory (B operand) and to Sh (phase 3)
     float* sh = Sh + (((long)b * HV + hv) * NC + n) * (long)K * V + c0;
 #pragma unroll
-    for (int m = 0; m < MT; ++m)
+    for (int nt = 0; nt < NT3; ++nt)
 #pragma unroll
-      for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-        for (int hf = 0; hf < 2; ++hf) {
-          const int r = w * RW + m * 16 + gq + 8 * hf, c = nt * 8 + 2 * tq;
-          const float2 x = make_float2(s[m][nt][2 * hf], s[m][nt][2 * hf + 1]);
-          *reinterpret_cast<float2*>(Ss + r * SS + c) = x;
-          *reinterpret_cast<float2*>(sh + (long)r * V + c) = x;
-        }
+      for (int hf = 0; hf < 2; ++hf) {
+        const int r = r3 + gq + 8 * hf, c = n3 + nt * 8 + 2 * tq;
+        const float2 x = make_float2(s[0][nt][2 * hf], s[0][nt][2 * hf + 1]);
+        *reinterpret_cast<float2*>(Ss + r * SS + c) = x;
+        *reinterpret_cast<float2*>(sh + (long)r * V + c) = x;
+      }
     if (n + 1 < NC) cp_wait<1>();
     else cp_wait<0>();
     __syncthreads();
-    const float* Wc = Wb + (n & 1) * kC * SW;
-    const float* Kc = Kb + (n & 1) * kC * SKK;
-    {  // U <- U - W S (rows w*16.., all 32 columns)
-      float ws[1][4][4];
+    const float* sb = sm + (n & 1) * P::floats;
+    const float* gc = sb + P::G;
+    const float gl = gc[L - 1];
+    {  // U <- U - W S
+      float ws[1][2][4];
       zero(ws);
-      warp_gemm<1, 4>(ws, Wc, SW, 1, Ss, SS, 1, w * 16, 0, K, lane);
+      warp_gemm<1, 2>(ws, sb + P::W, P::SW, 1, Ss, SS, 1, r1, n1, K, lane);
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf) {
-        const int i = w * 16 + gq + 8 * hf;
-        const float d = i < L ? expf(gl - gi[hf]) : 0.f;
+        const int i = r1 + gq + 8 * hf;
+        const float d = i < L ? expf(gl - gc[i]) : 0.f;
 #pragma unroll
-        for (int nt = 0; nt < 4; ++nt) {
-          const int c = nt * 8 + 2 * tq;
-          const float x0 = u[nt][2 * hf] - ws[0][nt][2 * hf];
-          const float x1 = u[nt][2 * hf + 1] - ws[0][nt][2 * hf + 1];
+        for (int nt = 0; nt < 2; ++nt) {
+          const int c = n1 + nt * 8 + 2 * tq;
+          const float2 u = *reinterpret_cast<const float2*>(sb + P::U + i * P::SU + c);
+          const float x0 = u.x - ws[0][nt][2 * hf], x1 = u.y - ws[0][nt][2 * hf + 1];
           if (i < L)
             *reinterpret_cast<float2*>(U + gdn::ws_row(b, hv, t0 + i, HV, T) * V + c0 + c) =
                 make_float2(x0, x1);
@@ -314,27 +304,23 @@ mma_state_pass(const float* __restrict__ k, const float* __restrict__ gcum,
       }
     }
     __syncthreads();
-    // S <- exp(gc_last) S + K^T Ud (rows w*RW.., A(i, j) = K[j][i])
+    // S <- exp(gc_last) S + K^T Ud (A(i, j) = K[j][i])
     const float el = expf(gl);
 #pragma unroll
-    for (int m = 0; m < MT; ++m)
+    for (int nt = 0; nt < NT3; ++nt)
 #pragma unroll
-      for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-        for (int r = 0; r < 4; ++r) s[m][nt][r] *= el;
-    warp_gemm<MT, 4>(s, Kc, 1, SKK, Ud, SS, 1, w * RW, 0, kC, lane);
+      for (int r = 0; r < 4; ++r) s[0][nt][r] *= el;
+    warp_gemm<1, NT3>(s, sb + P::Kk, 1, P::SKK, Ud, SS, 1, r3, n3, kC, lane);
     __syncthreads();
   }
 #pragma unroll
-  for (int m = 0; m < MT; ++m)
+  for (int nt = 0; nt < NT3; ++nt)
 #pragma unroll
-    for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-      for (int hf = 0; hf < 2; ++hf) {
-        const int r = w * RW + m * 16 + gq + 8 * hf, c = nt * 8 + 2 * tq;
-        *reinterpret_cast<float2*>(st + (long)r * V + c) =
-            make_float2(s[m][nt][2 * hf], s[m][nt][2 * hf + 1]);
-      }
+    for (int hf = 0; hf < 2; ++hf) {
+      const int r = r3 + gq + 8 * hf, c = n3 + nt * 8 + 2 * tq;
+      *reinterpret_cast<float2*>(st + (long)r * V + c) =
+          make_float2(s[0][nt][2 * hf], s[0][nt][2 * hf + 1]);
+    }
 }
 
 size_t output_smem(int K, int V) {
@@ -361,11 +347,13 @@ mma_output(const float* __restrict__ q, const float* __restrict__ k,
   const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, gq = lane >> 2, tq = lane & 3;
   load_rows(Qs, SK, q + gdn::qk_index(b, t0, h, T, H, K), (long)H * K, kC, L, K, tid, 256);
   load_rows(Ks, SK, k + gdn::qk_index(b, t0, h, T, H, K), (long)H * K, kC, L, K, tid, 256);
+  cp_commit();
+  // second group: the state before the chunk and U, in flight while P is computed
   load_rows(Ss, SV, Sh + ((long)bh * NC + n) * (long)K * V, V, K, K, V, tid, 256);
   load_rows(Us, SV, U + gdn::ws_row(b, hv, t0, HV, T) * V, V, kC, L, V, tid, 256);
   cp_commit();
   if (tid < kC) gc[tid] = tid < L ? gcum[gdn::ws_row(b, hv, t0 + tid, HV, T)] : 0.f;
-  cp_wait<0>();
+  cp_wait<1>();
   __syncthreads();
   const int i0 = (w & 3) * 16;
   {  // P = (Q K^T) exp(gc_i - gc_j), lower triangle with the diagonal
@@ -381,6 +369,7 @@ mma_output(const float* __restrict__ q, const float* __restrict__ k,
         Ps[i * kPS + j] = j <= i ? acc[0][nt][r] * expf(gc[i] - gc[j]) : 0.f;
       }
   }
+  cp_wait<0>();
   __syncthreads();
   const float e0 = expf(gc[i0 + gq]), e1 = expf(gc[i0 + gq + 8]);
   for (int nb = w >> 2; nb < V / 32; nb += 2) {
@@ -419,7 +408,7 @@ int launch_state_pass(const float* k, const float* gcum, const float* W, float* 
   const size_t s2 = state_pass_smem<K>();
   cudaError_t err = allow_smem(mma_state_pass<K>, s2);
   if (err != cudaSuccess) return (int)err;
-  mma_state_pass<K><<<dim3(B * HV, V / kBV), 128, s2, stream>>>(k, gcum, W, U, Sh, state, T, H,
+  mma_state_pass<K><<<dim3(B * HV, V / kBV), 256, s2, stream>>>(k, gcum, W, U, Sh, state, T, H,
                                                                  HV, V, NC);
   return 0;
 }

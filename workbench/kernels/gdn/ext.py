@@ -31,7 +31,7 @@ from workbench.numerics.dtypes import torch_dtype
 __all__ = ["recurrent", "chunked", "gates", "causal_conv1d", "gated_rmsnorm", "is_available",
            "library"]
 
-HEADERS = ["gdn/gdn_common.h"]
+HEADERS = ["gdn/gdn_common.h", "gdn/gdn_mma.h"]
 SOURCES = {"cpu": ["gdn/gdn_cpu.cpp"], "cuda": ["gdn/gdn_cuda.cu", "gdn/gdn_mma.cu"]}
 CUDA_K = (16, 32, 64, 128, 256)
 MMA_K = (64, 128)
