@@ -27,8 +27,11 @@ def logit_rounding_figure(ds: xr.Dataset, *, row: int = 0) -> go.Figure:
                              mode="markers", name=f"tied in {ds.attrs['materialized_dtype']}",
                              marker=dict(size=18, symbol="circle-open", line=dict(width=2))))
     chosen = str(int(r.chosen))
-    fig.add_annotation(x=chosen, y=float(r.value.sel(dtype=ds.attrs["materialized_dtype"]).values.max()),
-                       text=f"chosen {chosen}", showarrow=True, arrowhead=2)
+    if chosen in labels:
+        # on a category axis a numeric-looking label would be read as a position: give the index
+        fig.add_annotation(x=labels.index(chosen),
+                           y=float(r.value.sel(dtype=ds.attrs["materialized_dtype"]).values.max()),
+                           text=f"chosen {chosen}", showarrow=True, arrowhead=2)
     fig.update_layout(
         title=(f"row {row}: chosen {chosen} (FP64 {int(r.chosen_fp64)}), {int(r.n_tied)} tied, margin "
                f"{int(r.margin_ulp)} ULP, regret {float(r.regret):.4g} nats "
