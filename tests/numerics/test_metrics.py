@@ -139,3 +139,140 @@ def test_counts_property(pairs):
     for k in ("n_diff", "nan_a", "nan_b", "inf_a", "inf_b", "max_ulp"):
         assert getattr(c, k) == ref[k]
     assert 0.0 <= c.frac_outside <= 1.0
+
+
+# The kernel works in sub-blocks of metrics._SUB elements: bit-identical sub-blocks take a one-sum
+# path, all-finite ones a vectorised path (ULP pass only where they differ, argmax rescan only
+# where the sub-block's maximum beats the running one), and sub-blocks holding a NaN/Inf are redone
+# element by element. These tests place the interesting elements across sub-block boundaries.
+
+from workbench.numerics import metrics as _metrics  # noqa: E402
+
+_SUB = _metrics._SUB
+
+
+def ulp_distance(a, b):
+    """Exact |ordered(a) - ordered(b)| as uint64 (fp64 distances across signs exceed int64)."""
+    ua = ordered(a.contiguous().view(-1))
+    ub = ordered(b.contiguous().view(-1))
+    hi, lo = np.maximum(ua, ub), np.minimum(ua, ub)
+    return hi.astype(np.uint64) - lo.astype(np.uint64)  # modular: exact in [0, 2**64)
+
+
+def _check_against_reference(a, b, atol=1e-4, rtol=1e-3):
+    c = compare(a, b, atol=atol, rtol=rtol)
+    ref = reference(a, b, atol, rtol)
+    for k in ("rel_l2", "max_abs", "mean_abs", "cosine"):
+        assert getattr(c, k) == pytest.approx(ref[k], rel=1e-9, abs=1e-300), k
+    for k in ("n_diff", "nan_a", "nan_b", "inf_a", "inf_b"):
+        assert getattr(c, k) == ref[k], k
+    assert c.frac_outside * a.numel() == pytest.approx(ref["frac_outside"] * a.numel(), abs=1e-6)
+    fin = np.isfinite(a.double().numpy()) & np.isfinite(b.double().numpy())
+    u = np.sort(ulp_distance(a, b)[fin])
+    assert c.max_ulp == int(u.max(initial=0))
+    if u.size and u[(len(u) + 1) // 2 - 1] < 256:
+        assert c.median_ulp == u[(len(u) + 1) // 2 - 1]
+    return c
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16, torch.float16],
+                         ids=["fp64", "fp32", "bf16", "fp16"])
+def test_nonfinite_in_one_sub_block_among_many(dtype):
+    n = 7 * _SUB + 123
+    g = torch.Generator().manual_seed(1)
+    a = torch.randn(n, generator=g, dtype=torch.float64)
+    b = a + 1e-3 * torch.randn(n, generator=g, dtype=torch.float64)
+    a, b = a.to(dtype), b.to(dtype)
+    k = 3 * _SUB + 17
+    a[k] = float("nan"); b[k] = float("nan")          # NaN on both sides: equal, not a mismatch
+    a[k + 5] = float("inf"); b[k + 9] = float("-inf")  # two mismatches
+    b[k + 11] = float("nan")                          # a third
+    b[k + 20] = b[k + 20] + 50                        # the maximum sits in the careful sub-block
+    c = _check_against_reference(a, b)
+    assert c.n_nonfinite_mismatch == 3
+    assert c.max_abs_index == (k + 20,)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16, torch.float16],
+                         ids=["fp64", "fp32", "bf16", "fp16"])
+def test_identical_sub_blocks_then_differing(dtype):
+    n = 9 * _SUB + 5
+    g = torch.Generator().manual_seed(2)
+    a = torch.randn(n, generator=g, dtype=torch.float64).to(dtype)
+    b = a.clone()
+    start = 4 * _SUB + 100
+    noisy = (a[start:].double() + 1e-2 * torch.randn(n - start, generator=g, dtype=torch.float64)).to(dtype)
+    b[start:] = noisy
+    a[2 * _SUB + 7] = float("nan"); b[2 * _SUB + 7] = float("nan")  # identical bits, non-finite
+    a[_SUB + 1] = float("inf"); b[_SUB + 1] = float("inf")
+    c = _check_against_reference(a, b)
+    assert c.n_nonfinite_mismatch == 0 and c.nan_a == c.nan_b == 1 and c.inf_a == c.inf_b == 1
+    assert c.max_abs_index[0] >= start
+
+
+def test_identical_bits_fast_path_matches_reference():
+    n = 5 * _SUB + 3
+    a = torch.randn(n, generator=torch.Generator().manual_seed(3)).bfloat16()
+    a[7] = -0.0
+    b = a.clone()
+    c = _check_against_reference(a, b)
+    assert c.bitwise_equal and c.max_abs_index is None and c.max_ulp == 0 and c.median_ulp == 0
+    # +0 vs -0: equal values, different bits (not the identical-bits path), still no difference
+    b[7] = 0.0
+    c = _check_against_reference(a, b)
+    assert c.n_diff == 0 and c.max_ulp == 0 and c.max_abs_index is None
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_argmax_is_first_index_of_the_maximum_across_sub_blocks(threads):
+    n = (1 << 20) + 6 * _SUB  # large enough for both threads and many blocks/sub-blocks
+    a = torch.zeros(n)
+    b = a.clone()
+    b[10] = 0.25                  # a smaller maximum in an early sub-block
+    b[3 * _SUB + 9] = 0.5         # ties: the first one wins
+    b[3 * _SUB + 10] = 0.5
+    b[5 * _SUB + 1] = 0.5
+    b[n - 2] = 0.5                # a tie in the last block, on the other thread
+    c = compare(a, b)
+    assert c.max_abs == 0.5 and c.max_abs_index == (3 * _SUB + 9,)
+    # an increasing sequence: every sub-block rescans; the first of the final ties wins
+    a = torch.zeros(4 * _SUB, dtype=torch.float64)
+    b = torch.arange(4 * _SUB, dtype=torch.float64) // 3
+    c = compare(a, b)
+    last = int(b[-1])
+    assert c.max_abs == last and c.max_abs_index == (int(np.argmax(b.numpy() == last)),)
+
+
+def test_tolerance_counts_only_differing_elements():
+    # with a negative atol, equal elements are not "outside" (only differing ones can be)
+    a = torch.randn(3 * _SUB, generator=torch.Generator().manual_seed(4))
+    b = a.clone()
+    b[::7] += 1e-3
+    c = compare(a, b, atol=-1.0, rtol=0.0)
+    assert c.frac_outside * a.numel() == pytest.approx(c.n_diff)
+
+
+def test_fp64_ulp_distance_across_signs_is_exact():
+    # ordered images of -2.0 and 2.0 are 2**63 apart: counted exactly, no int64 overflow
+    a = torch.tensor([-2.0, 1.0], dtype=torch.float64)
+    b = torch.tensor([2.0, 1.0], dtype=torch.float64)
+    c = compare(a, b)
+    assert c.max_ulp == 2**63
+    a = torch.tensor([-1.7976931348623157e308], dtype=torch.float64)
+    b = torch.tensor([1.7976931348623157e308], dtype=torch.float64)
+    assert compare(a, b).max_ulp == 2 * 0x7FEFFFFFFFFFFFFF
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_ulp_buckets_above_exact_range(dtype):
+    n = 3 * _SUB
+    g = torch.Generator().manual_seed(5)
+    a = torch.randn(n, generator=g).to(dtype)
+    b = (a.float() * (1 + 0.5 * torch.rand(n, generator=g))).to(dtype)  # many ULP apart
+    c = _check_against_reference(a, b)
+    u = ulp_distance(a, b)
+    assert c.max_ulp == int(u.max())
+    med = int(np.sort(u)[(len(u) + 1) // 2 - 1])
+    if med >= 256:
+        lo = 1 << (med.bit_length() - 1)
+        assert c.median_ulp == lo  # lower bound of the power-of-two bucket

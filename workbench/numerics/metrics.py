@@ -19,6 +19,9 @@ from dataclasses import asdict, dataclass, field
 import numba
 import numpy as np
 import torch
+from numba.core import types
+from numba.core.extending import overload
+from numba.cpython.unsafe.numbers import leading_zeros, viewer
 
 from workbench.errors import KernelArgumentError
 from workbench.numerics.dtypes import canonical, fmt
@@ -106,10 +109,42 @@ def _lut(kind: str) -> np.ndarray:
 _LUTS: dict[str, np.ndarray] = {}
 
 
+def _decoder(kind: str):
+    """What the kernel decodes ``kind`` with: None for native floats, an empty float32 marker
+    for bf16 (decoded by shifting its bits into a float32), the float64 table for fp16."""
+    if kind == "bf16":
+        return _BF16_MARK
+    if kind == "fp16":
+        return _get_lut(kind)
+    return None
+
+
+_BF16_MARK = np.empty(0, dtype=np.float32)
+
+
 def _get_lut(kind: str) -> np.ndarray:
     if kind not in _LUTS:
         _LUTS[kind] = _lut(kind)
     return _LUTS[kind]
+
+
+_SUB = 4096  # elements per sub-block: both arms' bits and the bin scratch stay in L1
+_HCOPIES = 4  # histogram copies, so runs of equal bins do not serialise on one counter
+
+
+def _load(v, lut, i):  # pragma: no cover - replaced by the overload below inside numba
+    raise NotImplementedError
+
+
+@overload(_load, inline="always")
+def _load_impl(v, lut, i):
+    """Element ``i`` as float64: native floats convert; bf16 bits (``lut`` a float32 marker)
+    shift into float32; fp16 bits go through the float64 table."""
+    if lut is None or isinstance(lut, types.NoneType):
+        return lambda v, lut, i: np.float64(v[i])
+    if lut.dtype == types.float32:
+        return lambda v, lut, i: np.float64(viewer(np.uint32(np.uint32(v[i]) << np.uint32(16)), np.float32))
+    return lambda v, lut, i: lut[v[i]]
 
 
 @numba.njit(inline="always")
@@ -121,16 +156,105 @@ def _ordered(bits, signbit):
     return mag
 
 
+@numba.njit(inline="always")
+def _ulp(ba, sa, bb, sb):
+    # exact |ordered(a) - ordered(b)| as uint64 (fp64 distances reach 2**64 - 2)
+    oa = _ordered(ba, sa)
+    ob = _ordered(bb, sb)
+    if oa >= ob:
+        return np.uint64(oa) - np.uint64(ob)
+    return np.uint64(ob) - np.uint64(oa)
+
+
+@numba.njit(inline="always")
+def _bin(u):
+    # exact bins below 256, then one bin per power of two: [2**k, 2**(k+1)) -> 248 + k
+    if u < np.uint64(_EXACT_BINS):
+        return np.int64(u)
+    return np.int64(_EXACT_BINS - 8 + 63) - np.int64(leading_zeros(u))
+
+
+@numba.njit(nogil=True, cache=True, fastmath={"reassoc"})
+def _sums(va, luta, vb, lutb, atol, rtol, runmax):
+    """Vectorised sums over the (sub-block) slices ``va``, ``vb``; valid only when every element is finite on both sides:
+    a NaN or Inf makes ``sa2`` or ``sb2`` non-finite, and the caller redoes the sub-block."""
+    sa2 = 0.0
+    sb2 = 0.0
+    sab = 0.0
+    sd2 = 0.0
+    sad = 0.0
+    nout = 0
+    ndiff = 0
+    ngt = 0
+    for i in range(va.shape[0]):  # from 0: no negative-index wraparound, so no gathers
+        x = _load(va, luta, i)
+        y = _load(vb, lutb, i)
+        sa2 += x * x
+        sb2 += y * y
+        sab += x * y
+        d = abs(y - x)
+        sd2 += d * d
+        sad += d
+        ne = x != y
+        nout += (d > atol + rtol * abs(x)) & ne
+        ndiff += ne
+        ngt += d > runmax
+    return sa2, sb2, sab, sd2, sad, nout, ndiff, ngt
+
+
+@numba.njit(nogil=True, cache=True)
+def _n_equal_bits(ia, ib):
+    n = 0
+    for i in range(ia.shape[0]):
+        n += ia[i] == ib[i]
+    return n
+
+
+@numba.njit(nogil=True, cache=True, fastmath={"reassoc"})
+def _sq(va, luta):
+    """Sum of squares, vectorised; non-finite exactly when some element is NaN/Inf."""
+    s = 0.0
+    for i in range(va.shape[0]):
+        x = _load(va, luta, i)
+        s += x * x
+    return s
+
+
+@numba.njit(nogil=True, cache=True)
+def _ulp_bins(ia, sa, ib, sb, bins):
+    maxu = np.uint64(0)
+    for i in range(ia.shape[0]):
+        u = _ulp(ia[i], sa, ib[i], sb)
+        if u > maxu:
+            maxu = u
+        bins[i] = _bin(u)
+    return maxu
+
+
+@numba.njit(nogil=True, cache=True)
+def _scatter(bins, m, h):
+    m4 = m - m % 4
+    for j in range(0, m4, 4):
+        h[0, bins[j]] += 1
+        h[1, bins[j + 1]] += 1
+        h[2, bins[j + 2]] += 1
+        h[3, bins[j + 3]] += 1
+    for j in range(m4, m):
+        h[0, bins[j]] += 1
+
+
 @numba.njit(parallel=True, nogil=True, cache=True)
-def _kernel(va, ia, luta, sa, vb, ib, lutb, sb, atol, rtol, n_blocks):
+def _kernel(va, ia, luta, sa, vb, ib, lutb, sb, atol, rtol, n_blocks, same_bits):
     n = va.shape[0]
     stats = np.zeros((n_blocks, _NSTATS), dtype=np.float64)
     hist = np.zeros((n_blocks, _NBINS), dtype=np.int64)
-    maxus = np.zeros(n_blocks, dtype=np.int64)  # ULP counts exceed float64's exact integers
+    maxus = np.zeros(n_blocks, dtype=np.uint64)  # ULP counts exceed float64's exact integers
     block = (n + n_blocks - 1) // n_blocks
     for blk in numba.prange(n_blocks):
         lo = blk * block
         hi = min(n, lo + block)
+        h = np.zeros((_HCOPIES, _NBINS), dtype=np.int64)
+        bins = np.empty(_SUB, dtype=np.int16)
         sa2 = 0.0
         sb2 = 0.0
         sab = 0.0
@@ -143,66 +267,94 @@ def _kernel(va, ia, luta, sa, vb, ib, lutb, sb, atol, rtol, n_blocks):
         nanb = 0
         infa = 0
         infb = 0
-        maxu = 0
+        maxu = np.uint64(0)
         ndiff = 0
         nboth = 0
         nmis = 0
-        h0 = 0
-        for i in range(lo, hi):
-            if luta is None:
-                x = np.float64(va[i])
-            else:
-                x = luta[va[i]]
-            if lutb is None:
-                y = np.float64(vb[i])
-            else:
-                y = lutb[vb[i]]
-            fx = x - x == 0.0
-            fy = y - y == 0.0
-            if fx and fy:
-                nboth += 1
-                sa2 += x * x
-                sb2 += y * y
-                sab += x * y
-                if x == y:
-                    h0 += 1
+        for s_lo in range(lo, hi, _SUB):
+            s_hi = min(hi, s_lo + _SUB)
+            if same_bits and _n_equal_bits(ia[s_lo:s_hi], ib[s_lo:s_hi]) == s_hi - s_lo:
+                # bit-identical sub-block (common before a divergence): one sum decides it
+                a2 = _sq(va[s_lo:s_hi], luta)
+                if a2 - a2 == 0.0:
+                    sa2 += a2
+                    sb2 += a2
+                    sab += a2
+                    nboth += s_hi - s_lo
+                    h[0, 0] += s_hi - s_lo
                     continue
-                ndiff += 1
-                d = abs(y - x)
-                sd2 += d * d
-                sad += d
-                if d > maxd:
-                    maxd = d
-                    arg = i
-                if d > atol + rtol * abs(x):
-                    nout += 1
-                u = abs(_ordered(ia[i], sa) - _ordered(ib[i], sb))
-                if u > maxu:
-                    maxu = u
-                if u < _EXACT_BINS:
-                    hist[blk, u] += 1
+            runmax = max(maxd, 0.0)
+            a2, b2, ab, d2, ad, no, nd, ngt = _sums(va[s_lo:s_hi], luta, vb[s_lo:s_hi], lutb, atol, rtol, runmax)
+            if a2 - a2 == 0.0 and b2 - b2 == 0.0:
+                # every element finite on both sides (or the fast path overflowed: see below)
+                sa2 += a2
+                sb2 += b2
+                sab += ab
+                sd2 += d2
+                sad += ad
+                nout += no
+                ndiff += nd
+                nboth += s_hi - s_lo
+                if ngt > 0:
+                    # the first index of the sub-block's maximum, if it beats the running one
+                    for i in range(s_lo, s_hi):
+                        d = abs(_load(vb, lutb, i) - _load(va, luta, i))
+                        if d > runmax:
+                            runmax = d
+                            maxd = d
+                            arg = i
+                if nd > 0:
+                    mu = _ulp_bins(ia[s_lo:s_hi], sa, ib[s_lo:s_hi], sb, bins)
+                    if mu > maxu:
+                        maxu = mu
+                    _scatter(bins, s_hi - s_lo, h)
                 else:
-                    b = _EXACT_BINS
-                    t = u >> 8
-                    while t > 1:
-                        t >>= 1
-                        b += 1
-                    hist[blk, b] += 1
-            else:
-                if x != x:
-                    nana += 1
-                elif not fx:
-                    infa += 1
-                if y != y:
-                    nanb += 1
-                elif not fy:
-                    infb += 1
-                same = (x != x and y != y) or (x == y)
-                if not same:
-                    nout += 1
+                    h[0, 0] += s_hi - s_lo
+                continue
+            # a NaN/Inf (or a square overflowing float64): the careful element-wise path
+            for i in range(s_lo, s_hi):
+                x = _load(va, luta, i)
+                y = _load(vb, lutb, i)
+                fx = x - x == 0.0
+                fy = y - y == 0.0
+                if fx and fy:
+                    nboth += 1
+                    sa2 += x * x
+                    sb2 += y * y
+                    sab += x * y
+                    if x == y:
+                        h[0, 0] += 1
+                        continue
                     ndiff += 1
-                    nmis += 1
-        hist[blk, 0] += h0
+                    d = abs(y - x)
+                    sd2 += d * d
+                    sad += d
+                    if d > maxd:
+                        maxd = d
+                        arg = i
+                    if d > atol + rtol * abs(x):
+                        nout += 1
+                    u = _ulp(ia[i], sa, ib[i], sb)
+                    if u > maxu:
+                        maxu = u
+                    h[0, _bin(u)] += 1
+                else:
+                    if x != x:
+                        nana += 1
+                    elif not fx:
+                        infa += 1
+                    if y != y:
+                        nanb += 1
+                    elif not fy:
+                        infb += 1
+                    same = (x != x and y != y) or (x == y)
+                    if not same:
+                        nout += 1
+                        ndiff += 1
+                        nmis += 1
+        for c in range(_HCOPIES):
+            for k in range(_NBINS):
+                hist[blk, k] += h[c, k]
         s = stats[blk]
         s[_N] = max(hi - lo, 0)
         s[_SA2] = sa2
@@ -314,8 +466,8 @@ def compare(a, b, *, dtype=None, atol: float = 1e-5, rtol: float = 1e-3,
             f"compare: ULP format must be one of {sorted(_INT_VIEW)}, got {dtype!r}", key="dtype",
             fix="pass dtype='bf16', 'fp16', 'fp32' or 'fp64'",
         )
-    luta = _get_lut(ka) if ka in ("bf16", "fp16") else None
-    lutb = _get_lut(kb) if kb in ("bf16", "fp16") else None
+    luta = _decoder(ka)
+    lutb = _decoder(kb)
     sign = _SIGN[ulp]
     n = va.shape[0]
     blocks = max(1, min(256, (n + _BLOCK - 1) // _BLOCK))
@@ -325,7 +477,7 @@ def compare(a, b, *, dtype=None, atol: float = 1e-5, rtol: float = 1e-3,
     if n < _PARALLEL_MIN:
         numba.set_num_threads(1)  # thread-local; restored below
     try:
-        parts = _run_chunks(va, ka, vb, kb, ulp, luta, lutb, sign, n, step, blocks, atol, rtol)
+        parts = _run_chunks(va, ka, vb, kb, ulp, luta, lutb, sign, n, step, blocks, atol, rtol, native)
     finally:
         numba.set_num_threads(prev_threads)
     stats_parts, hist_parts, maxu_parts = parts
@@ -335,7 +487,7 @@ def compare(a, b, *, dtype=None, atol: float = 1e-5, rtol: float = 1e-3,
     return _finish(st, hist, max_ulp, n, shape_a, ulp, atol, rtol)
 
 
-def _run_chunks(va, ka, vb, kb, ulp, luta, lutb, sign, n, step, blocks, atol, rtol):
+def _run_chunks(va, ka, vb, kb, ulp, luta, lutb, sign, n, step, blocks, atol, rtol, native):
     stats_parts, hist_parts, maxu_parts = [], [], []
     for lo in range(0, max(n, 1), max(step, 1)):
         hi = min(n, lo + step)
@@ -343,7 +495,7 @@ def _run_chunks(va, ka, vb, kb, ulp, luta, lutb, sign, n, step, blocks, atol, rt
         ia = _bits_in(sa, ka, ulp)
         ib = _bits_in(sb, kb, ulp)
         nb = max(1, min(blocks, (hi - lo + _BLOCK - 1) // _BLOCK))
-        st, hi_, mu = _kernel(sa, ia, luta, sign, sb, ib, lutb, sign, float(atol), float(rtol), nb)
+        st, hi_, mu = _kernel(sa, ia, luta, sign, sb, ib, lutb, sign, float(atol), float(rtol), nb, native)
         # block-local argmax indices are relative to the chunk
         st[:, _ARG] = np.where(st[:, _ARG] >= 0, st[:, _ARG] + lo, -1)
         stats_parts.append(st)
