@@ -57,7 +57,7 @@ def _open_with(p, text):
         pass
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_mutated_manifest_fails_cleanly(valid, data):
     p, m = valid
@@ -99,6 +99,7 @@ def test_specific_manifest_errors(valid, tmp_path):
         ({**m, "tensors": {**m["tensors"], "nbytes": [1, 2]}}, ManifestError, "does not match shape"),
         ({**m, "tensors": {**m["tensors"], "dtype": ["fp32", "complex"]}}, ManifestError, "complex"),
         ({**m, "tensors": {**m["tensors"], "op": ["o"]}}, ManifestError, "has 1 entries"),
+        ({**m, "tensors": {**m["tensors"], "dtype": [[], "fp32"]}}, ManifestError, "dtype"),  # found by the fuzzer
         ({**m, "shards": [{**m["shards"][0], "path": "/etc/passwd"}]}, UnsafePathError, "leaves"),
     ]
     for manifest, err, msg in cases:

@@ -184,7 +184,7 @@ def _check_column_types(cols: dict, root: Path, nshards: int) -> None:
     if cols["shard"] and max(cols["shard"]) >= nshards:
         raise _err(f"tensors.shard refers to shard {max(cols['shard'])} but only {nshards} are listed", root)
     for i, (dt, shp, nb) in enumerate(zip(cols["dtype"], cols["shape"], cols["nbytes"])):
-        if dt not in DTYPES:
+        if not isinstance(dt, str) or dt not in DTYPES:
             raise _err(f"tensors.dtype[{i}] is {dt!r}, expected one of {sorted(DTYPES)}", root)
         if not isinstance(shp, list) or not all(type(d) is int and d >= 0 for d in shp):
             raise _err(f"tensors.shape[{i}] must be a list of non-negative ints, got {shp!r}", root)
