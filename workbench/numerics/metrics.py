@@ -7,8 +7,15 @@ oracle); ``b`` the candidate.
 
 One fused pass in float64 (numba, parallel over both cores) reads each element once, straight from
 memory-mapped captures, so comparing gigabytes costs no more memory than the tensors' pages.
-ULP distances are exact integers, histogrammed exactly up to 255 ULP and by powers of two above,
-so the median is exact whenever it is below 256 ULP.
+ULP distances are exact integers (uint64: fp64 distances across signs exceed int64), histogrammed
+exactly up to 255 ULP and by powers of two above, so the median is exact whenever it is below
+256 ULP.
+
+Each thread walks its block in L1-sized sub-blocks: a bit-identical sub-block costs one vectorised
+sum of squares; otherwise a vectorised pass (float sums reassociated, never assuming finiteness)
+gives the sums and counts, a sub-block holding a NaN/Inf is redone element by element, the ULP
+pass runs only where a sub-block differs, and the sub-block is rescanned for the argmax only when
+its maximum beats the running one. ``max_abs_index`` is the first index (row-major) of the maximum.
 """
 
 from __future__ import annotations
@@ -128,7 +135,7 @@ def _get_lut(kind: str) -> np.ndarray:
     return _LUTS[kind]
 
 
-_SUB = 4096  # elements per sub-block: both arms' bits and the bin scratch stay in L1
+_SUB = 2048  # elements per sub-block: both arms' bits and the bin scratch stay in L1
 _HCOPIES = 4  # histogram copies, so runs of equal bins do not serialise on one counter
 
 
