@@ -121,6 +121,13 @@ def run_baseline(dirpath: Path) -> dict:
     return {"seconds": time.perf_counter() - t0, "keys": len(files), "diverged": int(diverged)}
 
 
+def _vm_hwm() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
 def _rss() -> int:
     return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
@@ -134,7 +141,9 @@ def child(which: str, dirpath: str) -> None:
     import workbench.analysis.compare  # noqa: F401
     rss0 = _rss()
     res = (run_ours if which == "ours" else run_baseline)(Path(dirpath))
-    res["peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    # VmHWM belongs to this process image; getrusage's ru_maxrss survives execve and would report
+    # the parent's footprint (the parent just built gigabytes of tensors) instead.
+    res["peak_rss_bytes"] = _vm_hwm()
     res["rss_after_imports_bytes"] = rss0
     res["peak_growth_bytes"] = res["peak_rss_bytes"] - rss0
     print("__RESULT__" + json.dumps(res))
