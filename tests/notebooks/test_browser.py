@@ -152,6 +152,15 @@ def test_jupyterlab_runs_notebook_and_widget_redraws(lab, browser, tmp_path):
     page.wait_for_function(
         "() => document.querySelector('.workbench-explorer .js-plotly-plot .ytitle')?.textContent === 'max_abs'",
         timeout=30_000)
+    # the capture explorer (workbench.widgets): its plotly FigureWidgets render and follow the
+    # metric dropdown in place
+    cx = ".workbench-capture-explorer"
+    page.wait_for_selector(f"{cx} .js-plotly-plot .main-svg", timeout=60_000)
+    assert page.locator(f"{cx} .js-plotly-plot .ytitle").first.text_content() == "rel_l2"
+    page.locator(f"{cx} select").last.select_option("max_abs")
+    page.wait_for_function(
+        f"() => document.querySelector('{cx} .js-plotly-plot .ytitle')?.textContent === 'max_abs'",
+        timeout=30_000)
     page.locator(".workbench-explorer").scroll_into_view_if_needed()
     _keep(page, tmp_path, "jupyterlab_first_divergence.png")
     assert not page.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']",

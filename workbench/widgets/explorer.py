@@ -50,6 +50,7 @@ class CaptureExplorer:
             c.observe(self._changed, names="value")
         self.widget = w.VBox([w.HBox(list(self.controls.values())[:3]), w.HBox(list(self.controls.values())[3:]),
                               self.status, self.by_layer.widget, self.by_step.widget])
+        self.widget.add_class("workbench-capture-explorer")  # a handle for pages and tests
         self.update()
 
     def _filters(self, drop: str) -> dict:
