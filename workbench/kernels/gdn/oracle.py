@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from workbench.kernels.gdn._checks import check_gdn, l2norm, resolve_chunk
+from workbench.kernels.gdn._chunk import chunk_step
 from workbench.numerics.policy import resolve_policy
 
 __all__ = ["recurrent", "chunked", "gates", "causal_conv1d", "gated_rmsnorm", "is_available"]
@@ -61,28 +62,9 @@ def chunked(q, k, v, g, beta, *, scale=None, initial_state=None, qk_l2norm=False
     o = torch.empty(s.B, s.HV, s.T, s.V, dtype=F64, device=q.device)
     for t0 in range(0, s.T, C):
         sl = slice(t0, min(t0 + C, s.T))
-        S, o[:, :, sl] = _chunk_step(S, q[:, :, sl], k[:, :, sl], v[:, :, sl], g[:, :, sl],
+        S, o[:, :, sl] = chunk_step(S, q[:, :, sl], k[:, :, sl], v[:, :, sl], g[:, :, sl],
                                      beta[:, :, sl], s.scale)
     return o.transpose(1, 2), S
-
-
-def _chunk_step(S, q, k, v, g, beta, scale):
-    """One chunk of length L: returns (state after the chunk, o of the chunk [B, HV, L, V])."""
-    L = q.shape[-2]
-    gc = g.cumsum(-1)                                   # log of the decay from chunk start
-    diff = gc[..., :, None] - gc[..., None, :]          # gc_i - gc_j
-    strict = torch.ones(L, L, dtype=torch.bool, device=q.device).tril(-1)
-    incl = torch.ones(L, L, dtype=torch.bool, device=q.device).tril()
-    decay = torch.where(incl, diff, torch.full_like(diff, -torch.inf)).exp()
-    A = torch.where(strict, beta[..., :, None] * (k @ k.transpose(-1, -2)) * decay,
-                    torch.zeros_like(diff))
-    eye = torch.eye(L, dtype=q.dtype, device=q.device)
-    rhs = beta[..., None] * (v - gc.exp()[..., None] * (k @ S))
-    u = torch.linalg.solve_triangular(eye + A, rhs, upper=False, unitriangular=True)
-    o = scale * (gc.exp()[..., None] * (q @ S) + ((q @ k.transpose(-1, -2)) * decay) @ u)
-    last = gc[..., -1:]
-    S = last.exp()[..., None] * S + (k * (last - gc).exp()[..., None]).transpose(-1, -2) @ u
-    return S, o
 
 
 def gates(a, b, A_log, dt_bias, *, policy=None):

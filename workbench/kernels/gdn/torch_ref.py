@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from workbench.kernels.gdn._checks import check_gdn, l2norm, resolve_chunk
+from workbench.kernels.gdn._chunk import chunk_step
 from workbench.numerics.dtypes import torch_dtype
 from workbench.numerics.policy import resolve_policy
 
@@ -86,29 +87,10 @@ def chunked(q, k, v, g, beta, *, scale=None, initial_state=None, qk_l2norm=False
     o = torch.empty(s.B, s.HV, s.T, s.V, dtype=r.acc, device=q.device)
     for t0 in range(0, s.T, C):
         sl = slice(t0, min(t0 + C, s.T))
-        S, o[:, :, sl] = _chunk_step(S, q[:, :, sl], k[:, :, sl], v[:, :, sl], g[:, :, sl],
+        S, o[:, :, sl] = chunk_step(S, q[:, :, sl], k[:, :, sl], v[:, :, sl], g[:, :, sl],
                                      beta[:, :, sl], s.scale)
         S = r.store_state(S)
     return o.transpose(1, 2).to(r.out), S.to(torch.float32)
-
-
-def _chunk_step(S, q, k, v, g, beta, scale):
-    L = q.shape[-2]
-    gc = g.cumsum(-1)
-    diff = gc[..., :, None] - gc[..., None, :]
-    strict = torch.ones(L, L, dtype=torch.bool, device=q.device).tril(-1)
-    incl = torch.ones(L, L, dtype=torch.bool, device=q.device).tril()
-    # masked before exp: above the diagonal gc_i - gc_j > 0 could overflow
-    decay = torch.where(incl, diff, torch.full_like(diff, -torch.inf)).exp()
-    A = torch.where(strict, beta[..., :, None] * (k @ k.transpose(-1, -2)) * decay,
-                    torch.zeros_like(diff))
-    eye = torch.eye(L, dtype=q.dtype, device=q.device)
-    rhs = beta[..., None] * (v - gc.exp()[..., None] * (k @ S))
-    u = torch.linalg.solve_triangular(eye + A, rhs, upper=False, unitriangular=True)
-    o = scale * (gc.exp()[..., None] * (q @ S) + ((q @ k.transpose(-1, -2)) * decay) @ u)
-    last = gc[..., -1:]
-    S = last.exp()[..., None] * S + (k * (last - gc).exp()[..., None]).transpose(-1, -2) @ u
-    return S, o
 
 
 def gates(a, b, A_log, dt_bias, *, policy=None):
