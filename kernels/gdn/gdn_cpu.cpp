@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "gdn/gdn_common.h"
+#include "gdn/gdn_mma.h"
 
 namespace {
 
@@ -77,6 +78,15 @@ int gdn_chunked_cpu(const float* q, const float* k, const float* v, const float*
                     int B, int T, int H, int HV, int K, int V, float scale, int C, int acc64) {
   if (acc64) chunked<double>(q, k, v, g, beta, o, state, gcum, W, U, B, T, H, HV, K, V, scale, C);
   else chunked<float>(q, k, v, g, beta, o, state, gcum, W, U, B, T, H, HV, K, V, scale, C);
+  return 0;
+}
+
+// (I + A)^-1 for n strictly lower triangular 64 x 64 matrices (row-major, contiguous): the
+// blocked inversion of the CUDA tensor-core path (gdn_mma.h), run here so tests can check it.
+int gdn_invert_unit_lower64_cpu(const float* A, float* X, int n) {
+  float Tm[3 * 256];
+  for (int i = 0; i < n; ++i)
+    gdn::invert_unit_lower64(A + (long)i * 4096, X + (long)i * 4096, Tm, 64, 0, 1, [] {});
   return 0;
 }
 

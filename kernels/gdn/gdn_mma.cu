@@ -2,19 +2,24 @@
 //
 // Same chunked UT/WY algebra as gdn_common.h (chunk C = 64, gc the within-chunk cumulative log
 // decay, A[i][j] = beta_i (k_i . k_j) exp(gc_i - gc_j) for j < i), in three launches whose
-// matrix products run on tensor cores: mma.sync m16n8k8 with tf32 operands (fp32 rounded to
-// nearest tf32, 10-bit mantissa) and fp32 accumulators. Operands are the float32 tensors the
-// launcher staged (bf16 inputs widened, q/k L2-normalized in fp32) and fp32 intermediates; tf32
-// keeps their rounding (2^-11 relative) well below the bf16 rounding of the inputs (2^-8).
-//   1. prepare, one block per (b, hv, chunk): A by mma, X = (I + A)^-1 in shared memory (16 x 16
-//      diagonal blocks by forward substitution, then the off-diagonal blocks: gdn_mma.h),
-//      W = X (beta exp(gc) K), U = X (beta V) by mma.
-//   2. state pass, one block of 8 warps per (b, hv, 32 value columns), sequential over chunks: the
+// matrix products run on tensor cores: mma.sync m16n8k8 with tf32 operands and fp32
+// accumulators. Every operand is the float32 value rounded once to nearest tf32 (cvt.rna, 10-bit
+// mantissa): raw keys and queries when they are read (in place in shared memory, or at the
+// fragment load where each element is read once), and the kernels' own products (W, the
+// delta-rule values U, the per-chunk states, X, P) when they are written. tf32 keeps that rounding
+// (2^-11 relative) well below the bf16 rounding of the inputs (2^-8); sums, decays, the state
+// itself and U - W S stay in float32.
+//   1. prepare, one block per (b, hv, chunk): A by mma, X = (I + A)^-1 in float32 in shared
+//      memory (gdn_mma.h), W = X (beta exp(gc) K), U = X (beta V) by mma.
+//   2. state pass, one block per (b, hv, BV value columns), BV = 64 (16 warps) where V allows,
+//      else 32 (8 warps), sequential over chunks: the
 //      state tile lives in mma accumulators; per chunk U <- U - W S, S is saved for phase 3 (Sh),
 //      and S <- exp(gc_last) S + K^T (exp(gc_last - gc_j) U_j); the next chunk's W, K, U tile and
 //      decays are copied into shared memory (cp.async) while this one computes.
 //   3. output, one block per (b, hv, chunk): o = scale (exp(gc_i) q_i S + sum_{j<=i} P_ij U_j) with
 //      P = (Q K^T) * exp(gc_i - gc_j), both products by mma; P is computed while S and U arrive.
+// All kernels are templated on K (and V) so that tile strides and loop bounds are constants:
+// fragment addresses are then a base register plus immediates.
 // Workspace (float32): gcum [B,HV,T], W [B,HV,T,K], U [B,HV,T,V], Sh [B,HV,NC,K,V].
 #include <cuda_runtime.h>
 #include <stdint.h>
@@ -29,13 +34,21 @@ struct BlockSync {
 };
 
 constexpr int kC = 64;         // chunk length
-constexpr int kBV = 32;        // value columns per block of the state pass
-constexpr int kPS = kC + 4;    // row stride of the C x C tiles (A, X, P): conflict-free A loads
+constexpr int kPS = kC + 4;    // row stride of the C x C tiles (A, X, P)
+constexpr int kThreads = 256;  // every kernel: 8 warps
 
-__device__ __forceinline__ uint32_t tf32(float x) {
+__device__ __forceinline__ uint32_t tf32_bits(float x) {
   uint32_t r;
   asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
-  return r;
+  return r & 0xffffe000u;
+}
+// x rounded to nearest tf32 (ties away from zero), as a float
+__device__ __forceinline__ float rtf32(float x) { return __uint_as_float(tf32_bits(x)); }
+
+template <bool CVT>
+__device__ __forceinline__ uint32_t opnd(float x) {
+  if constexpr (CVT) return tf32_bits(x);
+  else return __float_as_uint(x);
 }
 
 __device__ __forceinline__ void mma8(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
@@ -47,34 +60,53 @@ __device__ __forceinline__ void mma8(float (&d)[4], const uint32_t (&a)[4], uint
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// One warp: acc[m][n] += A[i0 + 16m.., 0:kd] B[0:kd, n0 + 8n..] with element (i, k) of A at
-// A[i * ai + k * ak] and (k, n) of B at B[k * bk + n * bn] (shared memory). Fragment element r
-// of acc[m][n] is row i0 + 16m + g + 8 (r / 2), column n0 + 8n + 2t + (r % 2), g = lane / 4,
-// t = lane % 4.
-template <int MT, int NT>
-__device__ __forceinline__ void warp_gemm(float (&acc)[MT][NT][4], const float* A, int ai, int ak,
-                                          const float* B, int bk, int bn, int i0, int n0, int kd,
-                                          int lane) {
-  const int g = lane >> 2, t = lane & 3;
-#pragma unroll 2
-  for (int k0 = 0; k0 < kd; k0 += 8) {
-    uint32_t a[MT][4];
+// One k-step of 8 for one warp. A and B are already offset to this lane's fragment element and to
+// the k-step; (i, k) of A at A[i * AI + k * AK], (k, n) of B at B[k * BK + n * BN]. CA/CB: round
+// the operand to tf32 here (raw float32 in shared memory) rather than rely on it being rounded.
+template <int MT, int NT, int AI, int AK, int BK, int BN, bool CA, bool CB>
+__device__ __forceinline__ void kstep(float (&acc)[MT][NT][4], const float* A, const float* B) {
+  uint32_t a[MT][4];
 #pragma unroll
-    for (int m = 0; m < MT; ++m) {
-      const float* p = A + (i0 + m * 16 + g) * ai + (k0 + t) * ak;
-      a[m][0] = tf32(p[0]);
-      a[m][1] = tf32(p[8 * ai]);
-      a[m][2] = tf32(p[4 * ak]);
-      a[m][3] = tf32(p[8 * ai + 4 * ak]);
-    }
-#pragma unroll
-    for (int n = 0; n < NT; ++n) {
-      const float* p = B + (k0 + t) * bk + (n0 + n * 8 + g) * bn;
-      const uint32_t b0 = tf32(p[0]), b1 = tf32(p[4 * bk]);
-#pragma unroll
-      for (int m = 0; m < MT; ++m) mma8(acc[m][n], a[m], b0, b1);
-    }
+  for (int m = 0; m < MT; ++m) {
+    const float* p = A + m * 16 * AI;
+    a[m][0] = opnd<CA>(p[0]);
+    a[m][1] = opnd<CA>(p[8 * AI]);
+    a[m][2] = opnd<CA>(p[4 * AK]);
+    a[m][3] = opnd<CA>(p[8 * AI + 4 * AK]);
   }
+#pragma unroll
+  for (int n = 0; n < NT; ++n) {
+    const float* p = B + n * 8 * BN;
+    const uint32_t b0 = opnd<CB>(p[0]), b1 = opnd<CB>(p[4 * BK]);
+#pragma unroll
+    for (int m = 0; m < MT; ++m) mma8(acc[m][n], a[m], b0, b1);
+  }
+}
+
+// One warp: acc[m][n] += A[16m.., 0:KD] B[0:KD, 8n..], A and B pointing at the warp's tile origin.
+// Fragment element r of acc[m][n] is row 16m + g + 8 (r / 2), column 8n + 2t + (r % 2) of the
+// tile, g = lane / 4, t = lane % 4.
+template <int MT, int NT, int KD, int AI, int AK, int BK, int BN, bool CA = false, bool CB = false>
+__device__ __forceinline__ void gemm(float (&acc)[MT][NT][4], const float* A, const float* B,
+                                     int lane) {
+  const int g = lane >> 2, t = lane & 3;
+  A += g * AI + t * AK;
+  B += t * BK + g * BN;
+#pragma unroll
+  for (int k0 = 0; k0 < KD; k0 += 8)
+    kstep<MT, NT, AI, AK, BK, BN, CA, CB>(acc, A + k0 * AK, B + k0 * BK);
+}
+
+// The same over a depth kd known at run time (a multiple of 8), operands already rounded.
+template <int MT, int NT, int AI, int AK, int BK, int BN>
+__device__ __forceinline__ void gemm_to(float (&acc)[MT][NT][4], const float* A, const float* B,
+                                        int kd, int lane) {
+  const int g = lane >> 2, t = lane & 3;
+  A += g * AI + t * AK;
+  B += t * BK + g * BN;
+#pragma unroll 2
+  for (int k0 = 0; k0 < kd; k0 += 8)
+    kstep<MT, NT, AI, AK, BK, BN, false, false>(acc, A + k0 * AK, B + k0 * BK);
 }
 
 template <int MT, int NT>
@@ -99,45 +131,77 @@ __device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_grou
 template <int N>
 __device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N)); }
 
-// rows x cols floats (cols % 4 == 0) from global (row stride sst) into shared (row stride dst_st);
-// rows >= L are zero-filled.
-__device__ __forceinline__ void load_rows(float* dst, int dst_st, const float* src, long sst,
-                                          int rows, int L, int cols, int tid, int nt) {
-  const int c4 = cols / 4;
-  for (int idx = tid; idx < rows * c4; idx += nt) {
-    const int r = idx / c4, c = (idx % c4) * 4;
-    if (r < L) {
-      cp16(dst + r * dst_st + c, src + r * sst + c);
-    } else {
-      *reinterpret_cast<float4*>(dst + r * dst_st + c) = make_float4(0.f, 0.f, 0.f, 0.f);
+// ROWS x COLS floats (COLS % 4 == 0) from global rows of stride sst into shared rows of stride LD,
+// 16 bytes per cp.async, thread tid of NT taking pieces tid, tid + NT, ...; rows >= L are
+// zero-filled.
+template <int ROWS, int COLS, int LD, int NT = kThreads>
+__device__ __forceinline__ void load_tile(float* dst, const float* src, long sst, int L, int tid) {
+  constexpr int C4 = COLS / 4, N = ROWS * C4;
+#pragma unroll
+  for (int it = 0; it < (N + NT - 1) / NT; ++it) {
+    const int idx = tid + it * NT;
+    if (N % NT == 0 || idx < N) {
+      const int r = idx / C4, c = (idx % C4) * 4;
+      if (r < L) cp16(dst + r * LD + c, src + r * sst + c);
+      else *reinterpret_cast<float4*>(dst + r * LD + c) = make_float4(0.f, 0.f, 0.f, 0.f);
     }
   }
 }
 
-size_t prepare_smem(int K, int V) {
-  return sizeof(float) * ((size_t)kC * (K + 4) + (size_t)kC * (V + 8) + 2 * kC * kPS + 2 * kC +
-                          3 * 256);
+// Round to tf32, in place, the pieces this thread copied with load_tile (after its cp.async wait:
+// a thread sees its own copies without a barrier).
+template <int ROWS, int COLS, int LD>
+__device__ __forceinline__ void round_tile(float* t, int L, int tid) {
+  constexpr int C4 = COLS / 4, N = ROWS * C4;
+#pragma unroll
+  for (int it = 0; it < (N + kThreads - 1) / kThreads; ++it) {
+    const int idx = tid + it * kThreads;
+    if (N % kThreads == 0 || idx < N) {
+      const int r = idx / C4, c = (idx % C4) * 4;
+      if (r < L) {
+        float4* p = reinterpret_cast<float4*>(t + r * LD + c);
+        float4 x = *p;
+        x.x = rtf32(x.x);
+        x.y = rtf32(x.y);
+        x.z = rtf32(x.z);
+        x.w = rtf32(x.w);
+        *p = x;
+      }
+    }
+  }
 }
 
-__global__ void __launch_bounds__(256)
+// ------------------------------------------------------------------------------------ prepare
+
+template <int K, int V>
+struct PrepSmem {
+  static constexpr int SK = K + 4, SV = V + 8;
+  static constexpr int Ks = 0, Vs = Ks + kC * SK, As = Vs + kC * SV, Xs = As + kC * kPS,
+                       Tm = Xs + kC * kPS, gc = Tm + 3 * 256, bt = gc + kC, fk = bt + kC,
+                       floats = fk + kC;
+};
+
+template <int K, int V>
+__global__ void __launch_bounds__(kThreads, 2)
 mma_prepare(const float* __restrict__ k, const float* __restrict__ v, const float* __restrict__ g,
             const float* __restrict__ beta, float* __restrict__ gcum, float* __restrict__ W,
-            float* __restrict__ U, int T, int H, int HV, int K, int V, int NC) {
+            float* __restrict__ U, int T, int H, int HV, int NC) {
+  using S = PrepSmem<K, V>;
+  constexpr int SK = S::SK, SV = S::SV;
   extern __shared__ float4 smem4[];
   float* sm = reinterpret_cast<float*>(smem4);
-  const int SK = K + 4, SV = V + 8;
-  float* Ks = sm;               // [C][SK]  keys, then beta exp(gc) K
-  float* Vs = Ks + kC * SK;     // [C][SV]  values, then beta V
-  float* As = Vs + kC * SV;     // [C][PS]  A (strictly lower)
-  float* Xs = As + kC * kPS;    // [C][PS]  (I + A)^-1
-  float* gc = Xs + kC * kPS;    // [C]
-  float* bt = gc + kC;          // [C]
-  float* Tm = bt + kC;          // [3][16][16] scratch of the blocked inversion
+  float* Ks = sm + S::Ks;  // [C][SK]  keys, then tf32(beta exp(gc) K)
+  float* Vs = sm + S::Vs;  // [C][SV]  values, then tf32(beta V)
+  float* As = sm + S::As;  // [C][PS]  A (strictly lower), float32
+  float* Xs = sm + S::Xs;  // [C][PS]  (I + A)^-1, float32, then rounded to tf32
+  float* gc = sm + S::gc;  // [C] cumulative log decay
+  float* bt = sm + S::bt;  // [C] beta
+  float* fk = sm + S::fk;  // [C] beta exp(gc)
   const int bh = blockIdx.x / NC, n = blockIdx.x % NC, b = bh / HV, hv = bh % HV;
   const int h = hv / (HV / H), t0 = n * kC, L = gdn::imin(kC, T - t0);
   const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, gq = lane >> 2, tq = lane & 3;
-  load_rows(Ks, SK, k + gdn::qk_index(b, t0, h, T, H, K), (long)H * K, kC, L, K, tid, 256);
-  load_rows(Vs, SV, v + gdn::v_index(b, t0, hv, T, HV, V), (long)HV * V, kC, L, V, tid, 256);
+  load_tile<kC, K, SK>(Ks, k + gdn::qk_index(b, t0, h, T, H, K), (long)H * K, L, tid);
+  load_tile<kC, V, SV>(Vs, v + gdn::v_index(b, t0, hv, T, HV, V), (long)HV * V, L, tid);
   cp_commit();
   if (w == 0) {  // inclusive scan of g over the chunk, two steps per lane
     const int i0 = 2 * lane, i1 = i0 + 1;
@@ -152,20 +216,25 @@ mma_prepare(const float* __restrict__ k, const float* __restrict__ v, const floa
     float ex = __shfl_up_sync(0xffffffffu, s, 1);
     if (lane == 0) ex = 0.f;
     const float c0 = ex + a0, c1 = c0 + a1;
+    const float b0 = i0 < L ? beta[gdn::gate_index(b, t0 + i0, hv, T, HV)] : 0.f;
+    const float b1 = i1 < L ? beta[gdn::gate_index(b, t0 + i1, hv, T, HV)] : 0.f;
     gc[i0] = c0;
     gc[i1] = c1;
-    bt[i0] = i0 < L ? beta[gdn::gate_index(b, t0 + i0, hv, T, HV)] : 0.f;
-    bt[i1] = i1 < L ? beta[gdn::gate_index(b, t0 + i1, hv, T, HV)] : 0.f;
+    bt[i0] = b0;
+    bt[i1] = b1;
+    fk[i0] = b0 * expf(c0);
+    fk[i1] = b1 * expf(c1);
     if (i0 < L) gcum[gdn::ws_row(b, hv, t0 + i0, HV, T)] = c0;
     if (i1 < L) gcum[gdn::ws_row(b, hv, t0 + i1, HV, T)] = c1;
   }
   cp_wait<0>();
   __syncthreads();
-  {  // A = K K^T, decayed and scaled, strictly lower
+  {  // A = K K^T, decayed and scaled, strictly lower (raw keys rounded at the fragment loads)
     const int i0 = (w & 3) * 16, n0 = (w >> 2) * 32;
     float acc[1][4][4];
     zero(acc);
-    if (n0 <= i0 + 15) warp_gemm<1, 4>(acc, Ks, SK, 1, Ks, 1, SK, i0, n0, K, lane);
+    if (n0 <= i0 + 15)
+      gemm<1, 4, K, SK, 1, 1, SK, true, true>(acc, Ks + i0 * SK, Ks + n0 * SK, lane);
 #pragma unroll
     for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
@@ -175,67 +244,97 @@ mma_prepare(const float* __restrict__ k, const float* __restrict__ v, const floa
       }
   }
   __syncthreads();
-  // the right-hand sides beta exp(gc) K and beta V (other arrays than the inversion's)
-  for (int idx = tid; idx < kC * (K + V); idx += 256) {
-    const int i = idx / (K + V), c = idx % (K + V);
-    if (c < K) Ks[i * SK + c] *= bt[i] * expf(gc[i]);
-    else Vs[i * SV + c - K] *= bt[i];
+  {  // the right-hand sides, rounded: tf32(beta exp(gc) K), tf32(beta V)
+    constexpr int K4 = K / 4, V4 = V / 4;
+#pragma unroll
+    for (int it = 0; it < kC * K4 / kThreads; ++it) {
+      const int idx = tid + it * kThreads, r = idx / K4, c = (idx % K4) * 4;
+      float4* p = reinterpret_cast<float4*>(Ks + r * SK + c);
+      float4 x = *p;
+      const float f = fk[r];
+      *p = make_float4(rtf32(x.x * f), rtf32(x.y * f), rtf32(x.z * f), rtf32(x.w * f));
+    }
+#pragma unroll
+    for (int it = 0; it < (kC * V4 + kThreads - 1) / kThreads; ++it) {
+      const int idx = tid + it * kThreads;
+      if (idx < kC * V4) {
+        const int r = idx / V4, c = (idx % V4) * 4;
+        float4* p = reinterpret_cast<float4*>(Vs + r * SV + c);
+        float4 x = *p;
+        const float f = bt[r];
+        *p = make_float4(rtf32(x.x * f), rtf32(x.y * f), rtf32(x.z * f), rtf32(x.w * f));
+      }
+    }
   }
-  gdn::invert_unit_lower64(As, Xs, Tm, kPS, tid, 256, BlockSync{});
+  gdn::invert_unit_lower64(As, Xs, sm + S::Tm, kPS, tid, kThreads, BlockSync{});
+#pragma unroll
+  for (int it = 0; it < kC * kC / 4 / kThreads; ++it) {  // X to tf32, in place
+    const int idx = tid + it * kThreads, r = idx / (kC / 4), c = (idx % (kC / 4)) * 4;
+    float4* p = reinterpret_cast<float4*>(Xs + r * kPS + c);
+    float4 x = *p;
+    *p = make_float4(rtf32(x.x), rtf32(x.y), rtf32(x.z), rtf32(x.w));
+  }
   __syncthreads();
-  // W = X (beta exp(gc) K), U = X (beta V); X is lower triangular: k runs to the tile's last row
+  // W = X (beta exp(gc) K) (stored rounded: an operand only), U = X (beta V) (float32);
+  // X is lower triangular: k runs to the tile's last row
   const int i0 = (w & 3) * 16;
   for (int nb = w >> 2; nb < (K + V) / 32; nb += 2) {
     const bool isw = nb * 32 < K;
     const int c0 = isw ? nb * 32 : nb * 32 - K;
     float acc[1][4][4];
     zero(acc);
-    if (isw) warp_gemm<1, 4>(acc, Xs, kPS, 1, Ks, SK, 1, i0, c0, i0 + 16, lane);
-    else warp_gemm<1, 4>(acc, Xs, kPS, 1, Vs, SV, 1, i0, c0, i0 + 16, lane);
-    float* out = isw ? W : U;
-    const int D = isw ? K : V;
+    if (isw) gemm_to<1, 4, kPS, 1, SK, 1>(acc, Xs + i0 * kPS, Ks + c0, i0 + 16, lane);
+    else gemm_to<1, 4, kPS, 1, SV, 1>(acc, Xs + i0 * kPS, Vs + c0, i0 + 16, lane);
 #pragma unroll
     for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf) {
         const int i = i0 + gq + 8 * hf, c = c0 + nt * 8 + 2 * tq;
-        if (i < L)
-          *reinterpret_cast<float2*>(out + gdn::ws_row(b, hv, t0 + i, HV, T) * D + c) =
-              make_float2(acc[0][nt][2 * hf], acc[0][nt][2 * hf + 1]);
+        if (i >= L) continue;
+        const float x0 = acc[0][nt][2 * hf], x1 = acc[0][nt][2 * hf + 1];
+        if (isw)
+          *reinterpret_cast<float2*>(W + gdn::ws_row(b, hv, t0 + i, HV, T) * K + c) =
+              make_float2(rtf32(x0), rtf32(x1));
+        else
+          *reinterpret_cast<float2*>(U + gdn::ws_row(b, hv, t0 + i, HV, T) * V + c) =
+              make_float2(x0, x1);
       }
   }
 }
 
-// One stage of the state pass: a chunk's W rows, keys, U tile and cumulative decays.
-template <int K>
+// --------------------------------------------------------------------------------- state pass
+
+// One stage of the state pass: a chunk's W rows, keys, U tile (BV value columns; overwritten in
+// place by the decayed delta-rule values, the B operand of the state update) and decays.
+template <int K, int BV>
 struct PassStage {
-  static constexpr int SW = K + 4, SKK = K + 8, SU = kBV + 8;
+  static constexpr int SW = K + 4, SKK = K + 8, SU = BV + 8;
   static constexpr int W = 0, Kk = W + kC * SW, U = Kk + kC * SKK, G = U + kC * SU,
                        floats = G + kC;
 };
 
-template <int K>
+template <int K, int BV>
 size_t state_pass_smem() {
-  return sizeof(float) * (2 * (size_t)PassStage<K>::floats + (size_t)K * (kBV + 8) +
-                          (size_t)kC * (kBV + 8));
+  return sizeof(float) * (2 * (size_t)PassStage<K, BV>::floats + (size_t)K * (BV + 8));
 }
 
-// 8 warps. W S: warp w owns rows 16 (w % 4).., columns 16 (w / 4)... The state update: K = 128,
-// warp w owns state rows 16 w.. and all 32 columns; K = 64, rows 16 (w % 4).., columns 16 (w / 4)..
-template <int K>
-__global__ void __launch_bounds__(256, 1)
+// BV / 4 warps (BV = 32: 8, BV = 64: 16). W S: warp w owns rows 16 (w % 4).., columns
+// 16 (w / 4)... The state update: warp w owns state rows 16 (w % (K / 16)).. and NT3 * 8 columns
+// from NT3 * 8 (w / (K / 16)).
+template <int K, int BV>
+__global__ void __launch_bounds__(BV * 8, 1)
 mma_state_pass(const float* __restrict__ k, const float* __restrict__ gcum,
                const float* __restrict__ W, float* __restrict__ U, float* __restrict__ Sh,
                float* __restrict__ state, int T, int H, int HV, int V, int NC) {
-  using P = PassStage<K>;
-  constexpr int SS = kBV + 8, NT3 = K == 128 ? 4 : 2;
+  using P = PassStage<K, BV>;
+  constexpr int NT = BV * 8, NW = NT / 32, SS = BV + 8, NT3 = K * BV / (NW * 16 * 8);
+  static_assert(NW * 16 * 8 * NT3 == K * BV, "state tile does not split over the warps");
   extern __shared__ float4 smem4[];
   float* sm = reinterpret_cast<float*>(smem4);
-  float* Ss = sm + 2 * P::floats;  // [K][SS]  state tile, the B operand of W S
-  float* Ud = Ss + K * SS;         // [C][SS]  exp(gc_last - gc_j) U_j
-  const int b = blockIdx.x / HV, hv = blockIdx.x % HV, h = hv / (HV / H), c0 = blockIdx.y * kBV;
+  float* Ss = sm + 2 * P::floats;  // [K][SS]  tf32(state tile), the B operand of W S
+  const int b = blockIdx.x / HV, hv = blockIdx.x % HV, h = hv / (HV / H), c0 = blockIdx.y * BV;
   const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, gq = lane >> 2, tq = lane & 3;
-  const int r3 = K == 128 ? 16 * w : 16 * (w & 3), n3 = K == 128 ? 0 : 16 * (w >> 2);
+  const int r3 = 16 * (w % (K / 16)), n3 = NT3 * 8 * (w / (K / 16));
   const int r1 = 16 * (w & 3), n1 = 16 * (w >> 2);
   float* st = state + gdn::state_index(b, hv, HV, K, V) + c0;
   float s[1][NT3][4];  // rows r3 + gq (+8), columns n3 + 8nt + 2tq (+1)
@@ -251,11 +350,11 @@ mma_state_pass(const float* __restrict__ k, const float* __restrict__ gcum,
   auto issue = [&](int n) {
     const int t0 = n * kC, L = gdn::imin(kC, T - t0);
     float* sb = sm + (n & 1) * P::floats;
-    load_rows(sb + P::W, P::SW, W + gdn::ws_row(b, hv, t0, HV, T) * K, K, kC, L, K, tid, 256);
-    load_rows(sb + P::Kk, P::SKK, k + gdn::qk_index(b, t0, h, T, H, K), (long)H * K, kC, L, K, tid,
-              256);
-    load_rows(sb + P::U, P::SU, U + gdn::ws_row(b, hv, t0, HV, T) * V + c0, V, kC, L, kBV, tid,
-              256);
+    load_tile<kC, K, P::SW, NT>(sb + P::W, W + gdn::ws_row(b, hv, t0, HV, T) * K, K, L, tid);
+    load_tile<kC, K, P::SKK, NT>(sb + P::Kk, k + gdn::qk_index(b, t0, h, T, H, K), (long)H * K,
+                                 L, tid);
+    load_tile<kC, BV, P::SU, NT>(sb + P::U, U + gdn::ws_row(b, hv, t0, HV, T) * V + c0, V, L,
+                                 tid);
     if (tid < kC) {  // 4-byte copies: a chunk's decays need not be 16-byte aligned
       if (tid < L) cp4(sb + P::G + tid, gcum + gdn::ws_row(b, hv, t0 + tid, HV, T));
       else sb[P::G + tid] = 0.f;
@@ -266,27 +365,28 @@ mma_state_pass(const float* __restrict__ k, const float* __restrict__ gcum,
   for (int n = 0; n < NC; ++n) {
     const int t0 = n * kC, L = gdn::imin(kC, T - t0);
     if (n + 1 < NC) issue(n + 1);
-    // the state before this chunk: to shared memory (B operand) and to Sh (phase 3)
+    // the state before this chunk, rounded: to shared memory (B operand) and to Sh (phase 3)
     float* sh = Sh + (((long)b * HV + hv) * NC + n) * (long)K * V + c0;
 #pragma unroll
     for (int nt = 0; nt < NT3; ++nt)
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf) {
         const int r = r3 + gq + 8 * hf, c = n3 + nt * 8 + 2 * tq;
-        const float2 x = make_float2(s[0][nt][2 * hf], s[0][nt][2 * hf + 1]);
+        const float2 x = make_float2(rtf32(s[0][nt][2 * hf]), rtf32(s[0][nt][2 * hf + 1]));
         *reinterpret_cast<float2*>(Ss + r * SS + c) = x;
         *reinterpret_cast<float2*>(sh + (long)r * V + c) = x;
       }
     if (n + 1 < NC) cp_wait<1>();
     else cp_wait<0>();
     __syncthreads();
-    const float* sb = sm + (n & 1) * P::floats;
+    float* sb = sm + (n & 1) * P::floats;
     const float* gc = sb + P::G;
     const float gl = gc[L - 1];
-    {  // U <- U - W S
+    {  // U <- U - W S (float32), stored rounded (an operand of phase 3 only); the tile becomes
+       // tf32(exp(gc_last - gc_j) U_j), each element rewritten by the thread that read it
       float ws[1][2][4];
       zero(ws);
-      warp_gemm<1, 2>(ws, sb + P::W, P::SW, 1, Ss, SS, 1, r1, n1, K, lane);
+      gemm<1, 2, K, P::SW, 1, SS, 1>(ws, sb + P::W + r1 * P::SW, Ss + n1, lane);
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf) {
         const int i = r1 + gq + 8 * hf;
@@ -294,23 +394,24 @@ mma_state_pass(const float* __restrict__ k, const float* __restrict__ gcum,
 #pragma unroll
         for (int nt = 0; nt < 2; ++nt) {
           const int c = n1 + nt * 8 + 2 * tq;
-          const float2 u = *reinterpret_cast<const float2*>(sb + P::U + i * P::SU + c);
+          float2* up = reinterpret_cast<float2*>(sb + P::U + i * P::SU + c);
+          const float2 u = *up;
           const float x0 = u.x - ws[0][nt][2 * hf], x1 = u.y - ws[0][nt][2 * hf + 1];
           if (i < L)
             *reinterpret_cast<float2*>(U + gdn::ws_row(b, hv, t0 + i, HV, T) * V + c0 + c) =
-                make_float2(x0, x1);
-          *reinterpret_cast<float2*>(Ud + i * SS + c) = make_float2(d * x0, d * x1);
+                make_float2(rtf32(x0), rtf32(x1));
+          *up = make_float2(rtf32(d * x0), rtf32(d * x1));
         }
       }
     }
     __syncthreads();
-    // S <- exp(gc_last) S + K^T Ud (A(i, j) = K[j][i])
+    // S <- exp(gc_last) S + K^T Ud (A(i, j) = K[j][i], raw keys rounded at the fragment load)
     const float el = expf(gl);
 #pragma unroll
     for (int nt = 0; nt < NT3; ++nt)
 #pragma unroll
       for (int r = 0; r < 4; ++r) s[0][nt][r] *= el;
-    warp_gemm<1, NT3>(s, sb + P::Kk, 1, P::SKK, Ud, SS, 1, r3, n3, kC, lane);
+    gemm<1, NT3, kC, 1, P::SKK, P::SU, 1, true, false>(s, sb + P::Kk + r3, sb + P::U + n3, lane);
     __syncthreads();
   }
 #pragma unroll
@@ -323,50 +424,58 @@ mma_state_pass(const float* __restrict__ k, const float* __restrict__ gcum,
     }
 }
 
-size_t output_smem(int K, int V) {
-  return sizeof(float) * (2 * (size_t)kC * (K + 4) + (size_t)kC * kPS + (size_t)K * (V + 8) +
-                          (size_t)kC * (V + 8) + kC);
-}
+// ------------------------------------------------------------------------------------- output
 
-__global__ void __launch_bounds__(256)
+template <int K, int V>
+struct OutSmem {
+  static constexpr int SK = K + 4, SV = V + 8;
+  static constexpr int Qs = 0, Ks = Qs + kC * SK, Ps = Ks + kC * SK, Ss = Ps + kC * kPS,
+                       Us = Ss + K * SV, gc = Us + kC * SV, floats = gc + kC;
+};
+
+template <int K, int V>
+__global__ void __launch_bounds__(kThreads, 1)
 mma_output(const float* __restrict__ q, const float* __restrict__ k,
            const float* __restrict__ gcum, const float* __restrict__ U,
-           const float* __restrict__ Sh, float* __restrict__ o, int T, int H, int HV, int K, int V,
-           float scale, int NC) {
+           const float* __restrict__ Sh, float* __restrict__ o, int T, int H, int HV, float scale,
+           int NC) {
+  using S = OutSmem<K, V>;
+  constexpr int SK = S::SK, SV = S::SV;
   extern __shared__ float4 smem4[];
   float* sm = reinterpret_cast<float*>(smem4);
-  const int SK = K + 4, SV = V + 8;
-  float* Qs = sm;              // [C][SK]
-  float* Ks = Qs + kC * SK;    // [C][SK]
-  float* Ps = Ks + kC * SK;    // [C][PS]
-  float* Ss = Ps + kC * kPS;   // [K][SV]  state before the chunk
-  float* Us = Ss + K * SV;     // [C][SV]
-  float* gc = Us + kC * SV;    // [C]
+  float* Qs = sm + S::Qs;  // [C][SK]  queries, rounded in place
+  float* Ks = sm + S::Ks;  // [C][SK]  keys, rounded in place
+  float* Ps = sm + S::Ps;  // [C][PS]  tf32(P)
+  float* Ss = sm + S::Ss;  // [K][SV]  the state before the chunk (rounded by the state pass)
+  float* Us = sm + S::Us;  // [C][SV]  the chunk's U (rounded by the state pass)
+  float* gc = sm + S::gc;  // [C]
   const int bh = blockIdx.x / NC, n = blockIdx.x % NC, b = bh / HV, hv = bh % HV;
   const int h = hv / (HV / H), t0 = n * kC, L = gdn::imin(kC, T - t0);
   const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, gq = lane >> 2, tq = lane & 3;
-  load_rows(Qs, SK, q + gdn::qk_index(b, t0, h, T, H, K), (long)H * K, kC, L, K, tid, 256);
-  load_rows(Ks, SK, k + gdn::qk_index(b, t0, h, T, H, K), (long)H * K, kC, L, K, tid, 256);
+  load_tile<kC, K, SK>(Qs, q + gdn::qk_index(b, t0, h, T, H, K), (long)H * K, L, tid);
+  load_tile<kC, K, SK>(Ks, k + gdn::qk_index(b, t0, h, T, H, K), (long)H * K, L, tid);
   cp_commit();
   // second group: the state before the chunk and U, in flight while P is computed
-  load_rows(Ss, SV, Sh + ((long)bh * NC + n) * (long)K * V, V, K, K, V, tid, 256);
-  load_rows(Us, SV, U + gdn::ws_row(b, hv, t0, HV, T) * V, V, kC, L, V, tid, 256);
+  load_tile<K, V, SV>(Ss, Sh + ((long)bh * NC + n) * (long)K * V, V, K, tid);
+  load_tile<kC, V, SV>(Us, U + gdn::ws_row(b, hv, t0, HV, T) * V, V, L, tid);
   cp_commit();
   if (tid < kC) gc[tid] = tid < L ? gcum[gdn::ws_row(b, hv, t0 + tid, HV, T)] : 0.f;
   cp_wait<1>();
+  round_tile<kC, K, SK>(Qs, L, tid);
+  round_tile<kC, K, SK>(Ks, L, tid);
   __syncthreads();
   const int i0 = (w & 3) * 16;
   {  // P = (Q K^T) exp(gc_i - gc_j), lower triangle with the diagonal
     const int n0 = (w >> 2) * 32;
     float acc[1][4][4];
     zero(acc);
-    if (n0 <= i0 + 15) warp_gemm<1, 4>(acc, Qs, SK, 1, Ks, 1, SK, i0, n0, K, lane);
+    if (n0 <= i0 + 15) gemm<1, 4, K, SK, 1, 1, SK>(acc, Qs + i0 * SK, Ks + n0 * SK, lane);
 #pragma unroll
     for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
       for (int r = 0; r < 4; ++r) {
         const int i = i0 + gq + 8 * (r >> 1), j = n0 + nt * 8 + 2 * tq + (r & 1);
-        Ps[i * kPS + j] = j <= i ? acc[0][nt][r] * expf(gc[i] - gc[j]) : 0.f;
+        Ps[i * kPS + j] = j <= i ? rtf32(acc[0][nt][r] * expf(gc[i] - gc[j])) : 0.f;
       }
   }
   cp_wait<0>();
@@ -375,7 +484,7 @@ mma_output(const float* __restrict__ q, const float* __restrict__ k,
   for (int nb = w >> 2; nb < V / 32; nb += 2) {
     float acc[1][4][4];
     zero(acc);
-    warp_gemm<1, 4>(acc, Qs, SK, 1, Ss, SV, 1, i0, nb * 32, K, lane);
+    gemm<1, 4, K, SK, 1, SV, 1>(acc, Qs + i0 * SK, Ss + nb * 32, lane);
 #pragma unroll
     for (int nt = 0; nt < 4; ++nt) {
       acc[0][nt][0] *= e0;
@@ -383,7 +492,7 @@ mma_output(const float* __restrict__ q, const float* __restrict__ k,
       acc[0][nt][2] *= e1;
       acc[0][nt][3] *= e1;
     }
-    warp_gemm<1, 4>(acc, Ps, kPS, 1, Us, SV, 1, i0, nb * 32, i0 + 16, lane);
+    gemm_to<1, 4, kPS, 1, SV, 1>(acc, Ps + i0 * kPS, Us + nb * 32, i0 + 16, lane);
 #pragma unroll
     for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
@@ -396,21 +505,49 @@ mma_output(const float* __restrict__ q, const float* __restrict__ k,
   }
 }
 
+// ----------------------------------------------------------------------------------- launcher
+
 template <typename F>
 cudaError_t allow_smem(F* kernel, size_t bytes) {
   return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
 }
 
+template <int K, int V, int BV>
+int launch_mma(const float* q, const float* k, const float* v, const float* g, const float* beta,
+               float* o, float* state, float* gcum, float* W, float* U, float* Sh, int B, int T,
+               int H, int HV, float scale, cudaStream_t s) {
+  const int NC = (T + kC - 1) / kC;
+  const size_t s1 = sizeof(float) * PrepSmem<K, V>::floats, s2 = state_pass_smem<K, BV>(),
+               s3 = sizeof(float) * OutSmem<K, V>::floats;
+  cudaError_t err;
+  if ((err = allow_smem(mma_prepare<K, V>, s1)) != cudaSuccess) return (int)err;
+  if ((err = allow_smem(mma_state_pass<K, BV>, s2)) != cudaSuccess) return (int)err;
+  if ((err = allow_smem(mma_output<K, V>, s3)) != cudaSuccess) return (int)err;
+  mma_prepare<K, V><<<B * HV * NC, kThreads, s1, s>>>(k, v, g, beta, gcum, W, U, T, H, HV, NC);
+  mma_state_pass<K, BV><<<dim3(B * HV, V / BV), BV * 8, s2, s>>>(k, gcum, W, U, Sh, state, T, H,
+                                                                  HV, V, NC);
+  mma_output<K, V><<<B * HV * NC, kThreads, s3, s>>>(q, k, gcum, U, Sh, o, T, H, HV, scale, NC);
+  return (int)cudaGetLastError();
+}
+
+// bv: value columns per state-pass block, 32 or 64 (64 needs V % 64 == 0); 0 picks 32 (64 halves
+// the W and K reads but ran 1.5x slower on an H200: the pass is bound by per-warp latency)
 template <int K>
-int launch_state_pass(const float* k, const float* gcum, const float* W, float* U, float* Sh,
-                      float* state, int B, int T, int H, int HV, int V, int NC,
-                      cudaStream_t stream) {
-  const size_t s2 = state_pass_smem<K>();
-  cudaError_t err = allow_smem(mma_state_pass<K>, s2);
-  if (err != cudaSuccess) return (int)err;
-  mma_state_pass<K><<<dim3(B * HV, V / kBV), 256, s2, stream>>>(k, gcum, W, U, Sh, state, T, H,
-                                                                 HV, V, NC);
-  return 0;
+int launch_mma_v(const float* q, const float* k, const float* v, const float* g,
+                 const float* beta, float* o, float* state, float* gcum, float* W, float* U,
+                 float* Sh, int B, int T, int H, int HV, int V, float scale, int bv,
+                 cudaStream_t s) {
+#define GDN_MMA_ARGS q, k, v, g, beta, o, state, gcum, W, U, Sh, B, T, H, HV, scale, s
+  const bool wide = bv == 64;
+  if (wide && V % 64 != 0) return -1;
+  switch (V) {
+    case 32: return launch_mma<K, 32, 32>(GDN_MMA_ARGS);
+    case 64: return wide ? launch_mma<K, 64, 64>(GDN_MMA_ARGS) : launch_mma<K, 64, 32>(GDN_MMA_ARGS);
+    case 96: return launch_mma<K, 96, 32>(GDN_MMA_ARGS);
+    case 128: return wide ? launch_mma<K, 128, 64>(GDN_MMA_ARGS) : launch_mma<K, 128, 32>(GDN_MMA_ARGS);
+    default: return -1;
+  }
+#undef GDN_MMA_ARGS
 }
 
 }  // namespace
@@ -419,29 +556,21 @@ extern "C" {
 
 // Whether the tensor-core chunked path takes this shape (chunk 64): 1 or 0.
 int gdn_chunked_mma_supported(int K, int V) {
-  return (K == 64 || K == 128) && V % 32 == 0 && V >= 32 && V <= 128;
+  return (K == 64 || K == 128) && (V == 32 || V == 64 || V == 96 || V == 128);
 }
 
 // Tensor-core chunked prefill (chunk 64, fp32 accumulators, tf32 operands). Workspace: gcum
 // [B,HV,T], W [B,HV,T,K], U [B,HV,T,V], Sh [B,HV,ceil(T/64),K,V], float32, provided by the caller.
-// Returns 0, a cudaError_t code, or -1 for a shape gdn_chunked_mma_supported refuses.
+// bv: value columns per state-pass block (0: automatic; 32; 64 where V % 64 == 0).
+// Returns 0, a cudaError_t code, or -1 for a shape (or bv) the path refuses.
 int gdn_chunked_mma_cuda(const float* q, const float* k, const float* v, const float* g,
                          const float* beta, float* o, float* state, float* gcum, float* W,
                          float* U, float* Sh, int B, int T, int H, int HV, int K, int V,
-                         float scale, void* stream) {
-  if (!gdn_chunked_mma_supported(K, V)) return -1;
+                         float scale, int bv, void* stream) {
+  if (!gdn_chunked_mma_supported(K, V) || (bv != 0 && bv != 32 && bv != 64)) return -1;
   auto s = static_cast<cudaStream_t>(stream);
-  const int NC = (T + kC - 1) / kC;
-  const size_t s1 = prepare_smem(K, V), s3 = output_smem(K, V);
-  cudaError_t err;
-  if ((err = allow_smem(mma_prepare, s1)) != cudaSuccess) return (int)err;
-  if ((err = allow_smem(mma_output, s3)) != cudaSuccess) return (int)err;
-  mma_prepare<<<B * HV * NC, 256, s1, s>>>(k, v, g, beta, gcum, W, U, T, H, HV, K, V, NC);
-  const int rc = K == 128 ? launch_state_pass<128>(k, gcum, W, U, Sh, state, B, T, H, HV, V, NC, s)
-                          : launch_state_pass<64>(k, gcum, W, U, Sh, state, B, T, H, HV, V, NC, s);
-  if (rc != 0) return rc;
-  mma_output<<<B * HV * NC, 256, s3, s>>>(q, k, gcum, U, Sh, o, T, H, HV, K, V, scale, NC);
-  return (int)cudaGetLastError();
+  return K == 128 ? launch_mma_v<128>(q, k, v, g, beta, o, state, gcum, W, U, Sh, B, T, H, HV, V, scale, bv, s)
+                  : launch_mma_v<64>(q, k, v, g, beta, o, state, gcum, W, U, Sh, B, T, H, HV, V, scale, bv, s);
 }
 
 }  // extern "C"

@@ -100,12 +100,33 @@ def test_cuda_path_choice(monkeypatch):
         ext.cuda_path(s, 64, 0, torch.bfloat16)
 
 
+def test_mma_blocked_inversion_on_cpu():
+    """The mma path's (I + A)^-1 (gdn_mma.h, shared with the CUDA kernel) against an fp64 inverse,
+    on A built as the kernel builds it: beta_i (k_i . k_j) exp(gc_i - gc_j), j < i."""
+    torch.manual_seed(0)
+    n, C, K = 6, 64, 128
+    k = torch.nn.functional.normalize(torch.randn(n, C, K, dtype=torch.float64), dim=-1)
+    beta = torch.rand(n, C, 1, dtype=torch.float64)
+    gc = torch.cumsum(-torch.rand(n, C, dtype=torch.float64) * 0.3, dim=1)
+    A = (beta * (k @ k.transpose(1, 2)) * torch.exp(gc[:, :, None] - gc[:, None, :])).tril(-1)
+    X = ext.invert_unit_lower64(A.float())
+    ref = torch.linalg.inv(torch.eye(C, dtype=torch.float64) + A.float().double())
+    err = (X.double() - ref).norm() / ref.norm()
+    assert err < 1e-6, err
+    assert torch.equal(X.triu(1), torch.zeros_like(X))          # exactly lower triangular
+    assert torch.equal(X.diagonal(dim1=1, dim2=2), torch.ones(n, C))
+    with pytest.raises(KernelArgumentError, match="64, 64"):
+        ext.invert_unit_lower64(torch.zeros(2, 32, 32))
+
+
 MMA_CASES = [
     (2, 200, 2, 4, 128, 64, True),     # T not a multiple of 64, initial state
     (1, 77, 1, 2, 64, 128, False),     # K = 64, no state
     (1, 1, 2, 4, 128, 128, True),      # one step
     (1, 64, 1, 1, 128, 32, True),      # exactly one chunk
     (1, 1000, 16, 32, 128, 128, True), # the model's heads, odd T
+    (1, 130, 1, 2, 64, 96, True),      # V = 96
+    (2, 300, 2, 2, 64, 64, False),     # K = V = 64, batch 2
 ]
 
 
@@ -125,6 +146,11 @@ def test_cuda_mma_against_oracle(case, monkeypatch):
     assert co.rel_l2 <= 5e-3 and cs.rel_l2 <= 5e-3
     # tf32 operands: within a small margin of the fp32 path
     assert workbench.compare(ref_s, s).rel_l2 <= 10 * workbench.compare(ref_s, s2).rel_l2 + 1e-3
+    if dims[-1] % 64 == 0:  # state-pass blocks of 32 value columns instead of 64: same bits
+        monkeypatch.setenv("WORKBENCH_GDN_CUDA_PATH", "mma")
+        monkeypatch.setenv("WORKBENCH_GDN_MMA_BV", "32")
+        o3, s3 = gdn.chunked(**x, qk_l2norm=True, backend="ext")
+        assert torch.equal(o3, o) and torch.equal(s3, s)
 
 
 @pytest.mark.gpu

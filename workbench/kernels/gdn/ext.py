@@ -9,7 +9,7 @@ materialized in ``policy.input_dtype`` when set, o is rounded to ``policy.output
 
 The CUDA chunked form has two paths (``cuda_path``): ``scalar`` (plain fp32 FMAs, the element code
 of ``gdn_common.h``) and ``mma`` (``gdn_mma.cu``: tensor cores, tf32 operands rounded to nearest,
-fp32 accumulators; chunk 64, K in {64, 128}, V a multiple of 32 up to 128). ``auto`` takes ``mma``
+fp32 accumulators; chunk 64, K in {64, 128}, V in {32, 64, 96, 128}). ``auto`` takes ``mma``
 for bf16/fp16 inputs (after ``policy.input_dtype``) when the shape fits and the accumulator is
 fp32, else ``scalar``; ``WORKBENCH_GDN_CUDA_PATH=scalar|mma|auto`` overrides.
 """
@@ -35,6 +35,7 @@ HEADERS = ["gdn/gdn_common.h", "gdn/gdn_mma.h"]
 SOURCES = {"cpu": ["gdn/gdn_cpu.cpp"], "cuda": ["gdn/gdn_cuda.cu", "gdn/gdn_mma.cu"]}
 CUDA_K = (16, 32, 64, 128, 256)
 MMA_K = (64, 128)
+MMA_V = (32, 64, 96, 128)
 PATHS = ("auto", "mma", "scalar")
 
 _P, _I, _F = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
@@ -62,16 +63,30 @@ def library(kind: str) -> ctypes.CDLL:
         rec.argtypes, rec.restype = _ARGS + [_I] + extra, _I
         chk = getattr(lib, f"gdn_chunked_{sfx}")
         chk.argtypes, chk.restype = [_P] * 10 + [_I] * 6 + [_F, _I, _I] + extra, _I
+        if kind == "cpu":
+            inv = lib.gdn_invert_unit_lower64_cpu
+            inv.argtypes, inv.restype = [_P, _P, _I], _I
         if kind == "cuda":
             mma = lib.gdn_chunked_mma_cuda
-            mma.argtypes, mma.restype = [_P] * 11 + [_I] * 6 + [_F, _P], _I
+            mma.argtypes, mma.restype = [_P] * 11 + [_I] * 6 + [_F, _I, _P], _I
         lib._gdn_typed = True
     return lib
 
 
 def mma_fits(s, C, acc64) -> bool:
     """Whether the tensor-core chunked path takes this problem."""
-    return C == 64 and not acc64 and s.K in MMA_K and s.V % 32 == 0 and 32 <= s.V <= 128
+    return C == 64 and not acc64 and s.K in MMA_K and s.V in MMA_V
+
+
+def invert_unit_lower64(A: torch.Tensor) -> torch.Tensor:
+    """(I + A)^-1 of strictly lower triangular [..., 64, 64] float32 matrices through the CPU build
+    of the mma path's blocked inversion (``kernels/gdn/gdn_mma.h``), for tests and inspection."""
+    A = A.detach().to("cpu", torch.float32).contiguous()
+    if A.shape[-2:] != (64, 64):
+        raise KernelArgumentError(f"A: expected [..., 64, 64], got {tuple(A.shape)}", key="A")
+    X = torch.empty_like(A)
+    library("cpu").gdn_invert_unit_lower64_cpu(A.data_ptr(), X.data_ptr(), A.numel() // 4096)
+    return X
 
 
 def cuda_path(s, C, acc64, input_dtype=None) -> str:
@@ -87,12 +102,25 @@ def cuda_path(s, C, acc64, input_dtype=None) -> str:
     if want == "mma" and not fits:
         raise KernelArgumentError(
             f"WORKBENCH_GDN_CUDA_PATH=mma: the tensor-core path needs chunk_size 64, fp32 "
-            f"accumulators, K in {MMA_K} and V a multiple of 32 up to 128; got chunk {C}, "
+            f"accumulators, K in {MMA_K} and V in {MMA_V}; got chunk {C}, "
             f"K={s.K}, V={s.V}, accum {'fp64' if acc64 else 'fp32'}", key="backend",
             fix="unset WORKBENCH_GDN_CUDA_PATH (auto falls back to the scalar path)")
     if want == "auto":
         want = "mma" if fits and input_dtype in (torch.bfloat16, torch.float16) else "scalar"
     return want
+
+
+def _mma_bv(V: int) -> int:
+    """Value columns per state-pass block of the mma path: ``WORKBENCH_GDN_MMA_BV`` (32 or 64;
+    unset or 0: 32). Same results either way; a knob for benchmarks."""
+    raw = os.environ.get("WORKBENCH_GDN_MMA_BV", "0").strip() or "0"
+    if raw not in ("0", "32", "64"):
+        raise KernelArgumentError(f"WORKBENCH_GDN_MMA_BV: expected 0, 32 or 64, got {raw!r}",
+                                  key="backend", fix="unset it")
+    if raw == "64" and V % 64:
+        raise KernelArgumentError(f"WORKBENCH_GDN_MMA_BV=64 needs V a multiple of 64, got V={V}",
+                                  key="backend", fix="unset it or use 32")
+    return int(raw)
 
 
 def _run(op, q, k, v, g, beta, scale, initial_state, qk_l2norm, policy, chunk_size=None):
@@ -143,7 +171,7 @@ def launch(op, s, C, acc64, tensors, state, o, path="scalar"):
             nc = (s.T + C - 1) // C
             sh = torch.empty(s.B, s.HV, nc, s.K, s.V, **f32)
             rc = lib.gdn_chunked_mma_cuda(*ptrs, *(w.data_ptr() for w in (*ws, sh)), *dims,
-                                          s.scale, *extra)
+                                          s.scale, _mma_bv(s.V), *extra)
             if rc != 0:
                 raise BackendUnavailableError(f"native gdn chunked (cuda, mma) failed with code {rc}",
                                               key="backend", fix="WORKBENCH_GDN_CUDA_PATH=scalar")

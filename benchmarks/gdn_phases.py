@@ -1,0 +1,59 @@
+"""Drive the ext tensor-core chunked prefill for a profiler (ncu) or a quick per-variant timing.
+
+    python benchmarks/gdn_phases.py --T 8192 --reps 3            # run it (under ncu, say)
+    python benchmarks/gdn_phases.py --T 8192 --time              # median ms, event-timed
+
+Inputs as benchmarks/gdn.py (B=1, H=16, HV=32, K=V=128, bf16, l2-normalized q/k, a state),
+staged once to float32; then ``ext.launch(..., path="mma")`` is called ``reps`` times.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from workbench.kernels.gdn import _launch, ext, oracle  # noqa: E402
+from workbench.kernels.gdn._cases import make_inputs  # noqa: E402
+from workbench.kernels.gdn._checks import l2norm  # noqa: E402
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--T", type=int, default=8192)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--time", action="store_true")
+    ap.add_argument("--check", action="store_true", help="compare with the fp64 oracle first")
+    ap.add_argument("--bv", default="0", help="comma list of WORKBENCH_GDN_MMA_BV values to time")
+    a = ap.parse_args()
+    x = make_inputs(1, a.T, 16, 32, 128, 128, dtype=torch.bfloat16, state=True, seed=3, device="cuda")
+    x["q"], x["k"] = l2norm(x["q"].float()).bfloat16(), l2norm(x["k"].float()).bfloat16()
+    s, _, _, tensors, state, _ = _launch.stage("ext", **x, scale=None, qk_l2norm=False, policy=None)
+    o = torch.empty(s.B, s.T, s.HV, s.V, dtype=torch.float32, device="cuda")
+    if a.check:
+        st = state.clone()
+        ext.launch("chunked", s, 64, 0, tensors, st, o, path="mma")
+        ro, rs = oracle.chunked(**x)
+        eo = float((o.double() - ro.double()).norm() / ro.double().norm())
+        es = float((st.double() - rs.double()).norm() / rs.double().norm())
+        print(f"T={a.T} rel_l2 o {eo:.3e} state {es:.3e}", flush=True)
+    fn = lambda: ext.launch("chunked", s, 64, 0, tensors, state.clone(), o, path="mma")
+    if a.time:
+        from triton.testing import do_bench
+        for _ in range(2):  # twice, interleaved: the spread between repeats is the noise
+            for bv in a.bv.split(","):
+                os.environ["WORKBENCH_GDN_MMA_BV"] = bv
+                ms = do_bench(fn, warmup=25, rep=200, return_mode="median")
+                print(f"T={a.T} mma bv={bv} median {ms:.4f} ms", flush=True)
+        return
+    for _ in range(a.reps):
+        fn()
+    torch.cuda.synchronize()
+
+
+if __name__ == "__main__":
+    main()
