@@ -1,30 +1,39 @@
 """QSA split-KV decode in native code (kernels/qsa): C++ on CPU tensors, CUDA on GPU tensors.
 
-Layers: the kernels (``qsa_split_kernel``/``qsa_merge_kernel`` in ``qsa_cuda.cu``, the loops of
-``qsa_cpu.cpp``, both on the element code of ``qsa_elem.h``) -> ``_launch`` (pointers, grid,
-outputs) -> the public :func:`workbench.kernels.qsa.sparse_decode`. Knobs: ``prob_dtype``
-(fp32/fp16/bf16), ``page_order``, ``num_kv_splits``/``partition_size``, ``input_dtype`` and
-``output_dtype`` (applied around the kernel); ``accum_dtype`` must be fp32.
+Layers: the kernels (``qsa_fast_kernel``/``qsa_split_kernel``/``qsa_merge_kernel`` in
+``qsa_cuda.cu``, the loops of ``qsa_cpu.cpp``, both on the element code of ``qsa_elem.h``) ->
+``_launch`` (pointers, grid, outputs) -> the public :func:`workbench.kernels.qsa.sparse_decode`.
+Knobs: ``prob_dtype`` (fp32/fp16/bf16), ``page_order``, ``num_kv_splits``/``partition_size``,
+``input_dtype`` and ``output_dtype`` (applied around the kernel); ``accum_dtype`` must be fp32.
+
+On the GPU the fast kernel serves head dims 64/128/256 with up to 16 query heads per KV head
+(fp32, bf16 or fp16 inputs) when its shared memory fits; every other shape runs the generic
+kernel. :func:`cuda_launch` forces either kernel or the fast kernel's block size (tests and
+benchmarks). A launch allocates its outputs through torch on the current stream and does not
+synchronize, so it can be captured in a CUDA graph.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import math
 from functools import lru_cache
 
 import torch
 
-from workbench.errors import BackendUnavailableError
+from workbench.errors import BackendUnavailableError, KernelArgumentError
 from workbench.kernels import _native
 from workbench.kernels.qsa.paged import unpack_cache, visit_slots
 from workbench.kernels.qsa.torch_ref import split_layout
 from workbench.numerics.dtypes import canonical, torch_dtype
 from workbench.numerics.policy import resolve_policy
 
-__all__ = ["sparse_decode", "merge_states", "is_available"]
+__all__ = ["sparse_decode", "merge_states", "is_available", "cuda_launch"]
 
 _DT = {"fp32": 0, "bf16": 1, "fp16": 2}
+_KERNELS = {None: 0, "fast": 1, "generic": 2}
+_launch_config = {"warps": 0, "kernel": 0}
 _HDR = ["qsa/qsa_elem.h"]
 LOG2E = 1.0 / math.log(2.0)
 
@@ -41,13 +50,50 @@ def _lib(kind: str) -> ctypes.CDLL:
         lib.qsa_merge_cpu.restype = None
     else:
         lib = _native.load("qsa", ["qsa/qsa_cuda.cu"], kind="cuda", headers=_HDR)
+        vp, i32, f32 = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
+        lib.qsa_decode_cuda_ex.argtypes = [vp] * 5 + [i32] * 10 + [f32, i32, i32] + [vp] * 5 + [i32, i32]
+        lib.qsa_decode_cuda_ex.restype = ctypes.c_int
         lib.qsa_decode_cuda.restype = ctypes.c_int
         lib.qsa_merge_cuda.restype = ctypes.c_int
     return lib
 
 
+@contextlib.contextmanager
+def cuda_launch(*, warps: int | None = None, kernel: str | None = None):
+    """Override the CUDA launch inside the block (for tests and benchmarks; results stay correct).
+
+    Parameters
+    ----------
+    warps: warps per block of the fast kernel, 1..8 (None: 8 while the grid has fewer blocks than
+        twice the multiprocessors, else 4)
+    kernel: ``"fast"`` (fails with code 2 on shapes it does not serve), ``"generic"`` or None
+        (the fast kernel wherever it applies)
+
+    Example
+    -------
+    >>> with cuda_launch(kernel="generic"):
+    ...     o, lse = sparse_decode(q, cache, cache.block_table, idx, num_splits=8)  # doctest: +SKIP
+    """
+    if warps is not None and (not isinstance(warps, int) or isinstance(warps, bool) or not 1 <= warps <= 8):
+        raise KernelArgumentError(f"warps must be an int in 1..8 or None, got {warps!r}", key="warps",
+                                  fix="pass warps=4 or warps=8, or None for the automatic choice")
+    if kernel not in _KERNELS:
+        raise KernelArgumentError(f"kernel must be one of ['fast', 'generic', None], got {kernel!r}", key="kernel",
+                                  fix="pass kernel='fast', 'generic' or None")
+    saved = dict(_launch_config)
+    _launch_config.update(warps=warps or 0, kernel=_KERNELS[kernel])
+    try:
+        yield
+    finally:
+        _launch_config.update(saved)
+
+
 def _p(t: torch.Tensor) -> ctypes.c_void_p:
     return ctypes.c_void_p(t.data_ptr())
+
+
+def _int32(t: torch.Tensor) -> torch.Tensor:
+    return t if t.dtype == torch.int32 and t.is_contiguous() else t.to(torch.int32).contiguous()
 
 
 def _stream():
@@ -71,35 +117,41 @@ def _launch(q, k, v, block_table, indices, scale, num_splits, policy):
         raise BackendUnavailableError(f"qsa ext reads fp32/bf16/fp16, got {dt}", key="backend",
                                       fix="materialize q/k/v in bf16 or use backend='torch'")
     if policy.page_order == "physical":
-        idx, mode = visit_slots(block_table, indices, ps, "physical").to(torch.int32).contiguous(), 1
+        idx, mode = _int32(visit_slots(block_table, indices, ps, "physical")), 1
     else:
-        idx, mode = indices.to(torch.int32).contiguous(), 0
-    bt = block_table.to(torch.int32).contiguous()
+        idx, mode = _int32(indices), 0
+    bt = _int32(block_table)
     L = idx.shape[1]
     S, P = split_layout(L, policy.num_kv_splits if num_splits is None else num_splits, policy)
     qscale = float((D ** -0.5 if scale is None else scale) * LOG2E)
-    f32 = dict(dtype=torch.float32, device=q.device)
-    o_parts = torch.empty(B, HQ, S, D, **f32)
-    lse_parts = torch.empty(B, HQ, S, **f32)
-    o = torch.empty(B, HQ, D, **f32)
-    lse = torch.empty(B, HQ, **f32)
-    # the CUDA kernel reads 16-byte vectors of k: offset views get fresh (aligned) storage
+    # two allocations: the outputs [o | lse] and the split partials [o_parts | lse_parts]
+    rows = B * HQ
+    out = torch.empty(rows * (D + 1), dtype=torch.float32, device=q.device)
+    parts = torch.empty(rows * S * (D + 1), dtype=torch.float32, device=q.device)
+    o, lse = out[: rows * D].view(B, HQ, D), out[rows * D:].view(B, HQ)
+    o_parts = parts.data_ptr()
+    lse_parts = o_parts + rows * S * D * 4
+    # the CUDA kernels read 16-byte vectors of q, k and v: offset views get fresh (aligned) storage
     q, k, v = (t.contiguous() for t in (q, k, v))
     q, k, v = (t if t.data_ptr() % 16 == 0 else t.clone() for t in (q, k, v))
-    ints = [ctypes.c_int(x) for x in (mode, B, HQ, HKV, D, ps, bt.shape[1], L, S, P)]
-    tail = [ctypes.c_float(qscale), ctypes.c_int(_DT[dt]), ctypes.c_int(_DT[policy.prob_dtype])]
     if q.is_cuda:
-        rc = _lib("cuda").qsa_decode_cuda(_p(q), _p(k), _p(v), _p(idx), _p(bt), *ints, *tail, _p(o_parts),
-                                          _p(lse_parts), _p(o), _p(lse), _stream())
+        rc = _lib("cuda").qsa_decode_cuda_ex(
+            q.data_ptr(), k.data_ptr(), v.data_ptr(), idx.data_ptr(), bt.data_ptr(), mode, B, HQ, HKV, D, ps,
+            bt.shape[1], L, S, P, qscale, _DT[dt], _DT[policy.prob_dtype], o_parts, lse_parts,
+            o.data_ptr(), lse.data_ptr(), torch.cuda.current_stream().cuda_stream,
+            _launch_config["warps"], _launch_config["kernel"])
         if rc:
-            raise BackendUnavailableError(f"qsa CUDA launch failed with code {rc} (2: more than 16 query heads per KV head or D not a multiple of 8; "
-                                          "3: shared memory too large for the partition)", key="backend",
-                                          fix="use more num_splits (smaller partitions) or backend='torch'")
+            raise BackendUnavailableError(f"qsa CUDA launch failed with code {rc} (2: more than 16 query heads per KV head, "
+                                          "D not a multiple of 8, or kernel='fast' forced on a shape it does not serve; "
+                                          "3: shared memory too large for the partition; other: a CUDA error)",
+                                          key="backend", fix="use more num_splits (smaller partitions) or backend='torch'")
     else:
+        ints = [ctypes.c_int(x) for x in (mode, B, HQ, HKV, D, ps, bt.shape[1], L, S, P)]
+        tail = [ctypes.c_float(qscale), ctypes.c_int(_DT[dt]), ctypes.c_int(_DT[policy.prob_dtype])]
         lib = _lib("cpu")
-        lib.qsa_split_partials_cpu(_p(q), _p(k), _p(v), _p(idx), _p(bt), *ints, *tail, _p(o_parts), _p(lse_parts))
-        lib.qsa_merge_cpu(_p(o_parts), _p(lse_parts), ctypes.c_int(B * HQ), ctypes.c_int(S), ctypes.c_int(D), _p(o),
-                          _p(lse))
+        op, lp = ctypes.c_void_p(o_parts), ctypes.c_void_p(lse_parts)
+        lib.qsa_split_partials_cpu(_p(q), _p(k), _p(v), _p(idx), _p(bt), *ints, *tail, op, lp)
+        lib.qsa_merge_cpu(op, lp, ctypes.c_int(B * HQ), ctypes.c_int(S), ctypes.c_int(D), _p(o), _p(lse))
     return o, lse
 
 
