@@ -11,7 +11,8 @@
 // qsa_fast_kernel<D, GT, DT> (D in {64, 128, 256}, G <= GT <= 16, fp32/bf16/fp16 inputs):
 //   lanes own 8 consecutive head-dim columns, so a K or V row is D/8 lanes reading 16 bytes each
 //   (a warp covers 32/(D/8) rows per load, coalesced); each lane group takes U tokens per step and
-//   loads the rows of the next step ahead of use (memory-level parallelism).
+//   loads the rows of the next step into a second register buffer while this step computes
+//   (memory-level parallelism; the two buffers alternate, nothing is copied between them).
 //   scores: q of the G heads held in registers (G x 8 per lane); per token a lane forms G partial
 //     dots of 8 products, and a transposed butterfly over the partials of two tokens (halves
 //     exchanged at each level, the shuffles of a level independent: 31 shuffles for two tokens at
@@ -19,7 +20,7 @@
 //     probabilities sit in shared memory as [token][G].
 //   P.V: the same token-to-lane-group mapping; each lane keeps G x 8 fp32 accumulators and reads
 //     the G probabilities of its token as broadcast float4. The partition is padded to whole
-//     steps with rows of p = 0 and V = 0, so the loop has no branch. The per-group partial sums
+//     double steps with rows of p = 0 and V = 0, so the loop has no branch. The per-group partial sums
 //     are then added in a fixed order (group 0, 1, ...) through shared memory.
 //   Registers: ~180 at G = 12 (one block of 8 warps or two of 4 per multiprocessor).
 // qsa_split_kernel: the generic fallback (any D % 8 == 0, G <= 16), one warp per token for scores
@@ -169,7 +170,7 @@ __global__ void __launch_bounds__(QSA_THREADS) qsa_fast_kernel(
   const int sub = lane / LPR, col = lane % LPR;
   const int NR = nw * TPW;                     // lane groups (rows in flight) per block
   const int step = NR * U;
-  const int PP = (P + step - 1) / step * step; // the partition padded to whole steps (rows past P: no token)
+  const int PP = (P + 2 * step - 1) / (2 * step) * (2 * step);  // padded to whole double steps (rows past P: no token)
   float* stat = (float*)sm4;                   // [GT] max, [GT] sum
   float* pr = stat + 2 * QSA_MAXG;             // [PP][GS] scores, then rounded probabilities
   long long* off = (long long*)(pr + PP * GS); // [PP] element offset of the K/V row, -1: none
@@ -196,53 +197,58 @@ __global__ void __launch_bounds__(QSA_THREADS) qsa_fast_kernel(
   }
   __syncthreads();
 
-  // scores: lane group `sub` of a warp takes tokens t0 + sub + u * NR (u < U) per step, the K rows
-  // of the next step loaded ahead. The TU x GP partials of TU tokens go through one transposed
-  // tree, so the shuffles of a tree level are independent of each other. Rows without a token
-  // compute on zeros and store -inf.
-  {
-    QsaRow8<DT> cur[U], nxt[U];
+  // Rows of K (then V) for the U tokens t0 + sub + u * NR of lane group `sub` of a warp, into one
+  // of two register buffers: the loop alternates them, so the rows of the next step are in flight
+  // while this step computes (no register copy between the buffers, which would wait for them).
+  auto fetch = [&](const void* src, QsaRow8<DT>(&buf)[U], int t0) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      const long long o = off[warp * TPW + sub + u * NR];
-      if (o >= 0) qsa_fetch<DT>(k, o + 8 * col, cur[u]); else qsa_clear<DT>(cur[u]);
+      const int t = t0 + sub + u * NR;
+      const long long o = t < PP ? off[t] : -1;
+      if (o >= 0) qsa_fetch<DT>(src, o + 8 * col, buf[u]); else qsa_clear<DT>(buf[u]);
     }
-    for (int t0 = warp * TPW; t0 < PP; t0 += step) {
+  };
+
+  // scores: the TU x GP partials of TU tokens go through one transposed tree, so the shuffles of a
+  // tree level are independent of each other. Rows without a token compute on zeros and store -inf.
+  auto scores = [&](const QsaRow8<DT>(&buf)[U], int t0) {
 #pragma unroll
-      for (int u = 0; u < U; ++u) {
-        const int t = t0 + step + sub + u * NR;
-        const long long o = t < PP ? off[t] : -1;
-        if (o >= 0) qsa_fetch<DT>(k, o + 8 * col, nxt[u]); else qsa_clear<DT>(nxt[u]);
-      }
+    for (int h = 0; h < U; h += TU) {
+      float part[TU * GP];
 #pragma unroll
-      for (int h = 0; h < U; h += TU) {
-        float part[TU * GP];
+      for (int u = 0; u < TU; ++u) {
+        float kf[8];
+        qsa_unpack<DT>(buf[h + u], kf);
 #pragma unroll
-        for (int u = 0; u < TU; ++u) {
-          float kf[8];
-          qsa_unpack<DT>(cur[h + u], kf);
+        for (int g = 0; g < GP; ++g) {
+          float a = 0.0f;
+          if (g < GT) {
+            a = qr[g][0] * kf[0];
 #pragma unroll
-          for (int g = 0; g < GP; ++g) {
-            float a = 0.0f;
-            if (g < GT) {
-              a = qr[g][0] * kf[0];
-#pragma unroll
-              for (int j = 1; j < 8; ++j) a = a + qr[g][j] * kf[j];
-            }
-            part[u * GP + g] = a;
+            for (int j = 1; j < 8; ++j) a = a + qr[g][j] * kf[j];
           }
-          cur[h + u] = nxt[h + u];
-        }
-        const int c0 = Tree::run(part, col);
-        if (Tree::owner(col)) {
-#pragma unroll
-          for (int i = 0; i < Tree::NF; ++i) {
-            const int u = h + (c0 + i) / GP, g = (c0 + i) % GP;
-            const int t = t0 + sub + u * NR;
-            if (g < G) pr[t * GS + g] = off[t] >= 0 ? part[i] * qscale : -INFINITY;
-          }
+          part[u * GP + g] = a;
         }
       }
+      const int c0 = Tree::run(part, col);
+      if (Tree::owner(col)) {
+#pragma unroll
+        for (int i = 0; i < Tree::NF; ++i) {
+          const int u = h + (c0 + i) / GP, g = (c0 + i) % GP;
+          const int t = t0 + sub + u * NR;
+          if (g < G) pr[t * GS + g] = off[t] >= 0 ? part[i] * qscale : -INFINITY;
+        }
+      }
+    }
+  };
+  {
+    QsaRow8<DT> ba[U], bb[U];
+    fetch(k, ba, warp * TPW);
+    for (int t0 = warp * TPW; t0 < PP; t0 += 2 * step) {  // PP is a multiple of 2 x step
+      fetch(k, bb, t0 + step);
+      scores(ba, t0);
+      fetch(k, ba, t0 + 2 * step);
+      scores(bb, t0 + step);
     }
   }
   __syncthreads();
@@ -275,37 +281,32 @@ __global__ void __launch_bounds__(QSA_THREADS) qsa_fast_kernel(
   for (int g = 0; g < GT; ++g)
 #pragma unroll
     for (int j = 0; j < 8; ++j) acc[g][j] = 0.0f;
-  {
-    QsaRow8<DT> cur[U], nxt[U];
+  auto pv = [&](const QsaRow8<DT>(&buf)[U], int t0) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      const long long o = off[warp * TPW + sub + u * NR];
-      if (o >= 0) qsa_fetch<DT>(v, o + 8 * col, cur[u]); else qsa_clear<DT>(cur[u]);
+      const int t = t0 + sub + u * NR;
+      float vf[8];
+      qsa_unpack<DT>(buf[u], vf);
+      float p[GS];
+#pragma unroll
+      for (int c = 0; c < GS / 4; ++c) {
+        const float4 x = ((const float4*)(pr + t * GS))[c];
+        p[4 * c] = x.x; p[4 * c + 1] = x.y; p[4 * c + 2] = x.z; p[4 * c + 3] = x.w;
+      }
+#pragma unroll
+      for (int g = 0; g < GT; ++g)
+#pragma unroll
+        for (int j = 0; j < 8; ++j) acc[g][j] = acc[g][j] + p[g] * vf[j];
     }
-    for (int t0 = warp * TPW; t0 < PP; t0 += step) {
-#pragma unroll
-      for (int u = 0; u < U; ++u) {
-        const int t = t0 + step + sub + u * NR;
-        const long long o = t < PP ? off[t] : -1;
-        if (o >= 0) qsa_fetch<DT>(v, o + 8 * col, nxt[u]); else qsa_clear<DT>(nxt[u]);
-      }
-#pragma unroll
-      for (int u = 0; u < U; ++u) {
-        const int t = t0 + sub + u * NR;
-        float vf[8];
-        qsa_unpack<DT>(cur[u], vf);
-        float p[GS];
-#pragma unroll
-        for (int c = 0; c < GS / 4; ++c) {
-          const float4 x = ((const float4*)(pr + t * GS))[c];
-          p[4 * c] = x.x; p[4 * c + 1] = x.y; p[4 * c + 2] = x.z; p[4 * c + 3] = x.w;
-        }
-#pragma unroll
-        for (int g = 0; g < GT; ++g)
-#pragma unroll
-          for (int j = 0; j < 8; ++j) acc[g][j] = acc[g][j] + p[g] * vf[j];
-        cur[u] = nxt[u];
-      }
+  };
+  {
+    QsaRow8<DT> ba[U], bb[U];
+    fetch(v, ba, warp * TPW);
+    for (int t0 = warp * TPW; t0 < PP; t0 += 2 * step) {
+      fetch(v, bb, t0 + step);
+      pv(ba, t0);
+      fetch(v, ba, t0 + 2 * step);
+      pv(bb, t0 + step);
     }
   }
   __syncthreads();  // red aliases pr and off
@@ -527,8 +528,8 @@ static int qsa_allow_smem(const void* fn, size_t smem, size_t* granted) {
 }
 
 static size_t qsa_fast_smem(int D, int GT, int DT, int P, int warps) {
-  const int GS = (GT + 3) & ~3, step = warps * (32 / (D / 8)) * qsa_fast_u(GT, DT);
-  const size_t PP = (size_t)(P + step - 1) / step * step;
+  const int GS = (GT + 3) & ~3, step2 = 2 * warps * (32 / (D / 8)) * qsa_fast_u(GT, DT);
+  const size_t PP = (size_t)(P + step2 - 1) / step2 * step2;
   const size_t scores = PP * GS * sizeof(float) + PP * sizeof(long long);
   const size_t partials = (size_t)warps * (32 / (D / 8)) * GT * D * sizeof(float);
   return 2 * QSA_MAXG * sizeof(float) + (scores > partials ? scores : partials);
