@@ -9,7 +9,6 @@ staged once to float32; then ``ext.launch(..., path="mma")`` is called ``reps`` 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
@@ -28,7 +27,6 @@ def main():
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--time", action="store_true")
     ap.add_argument("--check", action="store_true", help="compare with the fp64 oracle first")
-    ap.add_argument("--bv", default="0", help="comma list of WORKBENCH_GDN_MMA_BV values to time")
     a = ap.parse_args()
     x = make_inputs(1, a.T, 16, 32, 128, 128, dtype=torch.bfloat16, state=True, seed=3, device="cuda")
     x["q"], x["k"] = l2norm(x["q"].float()).bfloat16(), l2norm(x["k"].float()).bfloat16()
@@ -44,11 +42,9 @@ def main():
     fn = lambda: ext.launch("chunked", s, 64, 0, tensors, state.clone(), o, path="mma")
     if a.time:
         from triton.testing import do_bench
-        for _ in range(2):  # twice, interleaved: the spread between repeats is the noise
-            for bv in a.bv.split(","):
-                os.environ["WORKBENCH_GDN_MMA_BV"] = bv
-                ms = do_bench(fn, warmup=25, rep=200, return_mode="median")
-                print(f"T={a.T} mma bv={bv} median {ms:.4f} ms", flush=True)
+        for _ in range(2):  # twice: the spread between repeats is the noise
+            ms = do_bench(fn, warmup=25, rep=200, return_mode="median")
+            print(f"T={a.T} mma median {ms:.4f} ms", flush=True)
         return
     for _ in range(a.reps):
         fn()

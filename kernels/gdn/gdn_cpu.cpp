@@ -81,12 +81,17 @@ int gdn_chunked_cpu(const float* q, const float* k, const float* v, const float*
   return 0;
 }
 
-// (I + A)^-1 for n strictly lower triangular 64 x 64 matrices (row-major, contiguous): the
-// blocked inversion of the CUDA tensor-core path (gdn_mma.h), run here so tests can check it.
-int gdn_invert_unit_lower64_cpu(const float* A, float* X, int n) {
-  float Tm[3 * 256];
-  for (int i = 0; i < n; ++i)
-    gdn::invert_unit_lower64(A + (long)i * 4096, X + (long)i * 4096, Tm, 64, 0, 1, [] {});
+// The four 16 x 16 diagonal blocks of (I + A)^-1 for n strictly lower triangular 64 x 64
+// matrices (row-major, contiguous; the rest of X is left as is): the code of the CUDA
+// tensor-core path (gdn_mma.h), run here so tests can check it.
+int gdn_inverse_diag16_cpu(const float* A, float* X, int n) {
+  for (int b = 0; b < n; ++b)
+    for (int c = 0; c < 64; ++c) {
+      const int o = (c / 16) * 16, j = c % 16;
+      float x[16];
+      gdn::inverse_diag16_column(A + (long)b * 4096, 64, o, j, x);
+      for (int i = 0; i < 16; ++i) X[(long)b * 4096 + (o + i) * 64 + o + j] = x[i];
+    }
   return 0;
 }
 

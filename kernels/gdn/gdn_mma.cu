@@ -5,21 +5,26 @@
 // matrix products run on tensor cores: mma.sync m16n8k8 with tf32 operands and fp32
 // accumulators. Every operand is the float32 value rounded once to nearest tf32 (cvt.rna, 10-bit
 // mantissa): raw keys and queries when they are read (in place in shared memory, or at the
-// fragment load where each element is read once), and the kernels' own products (W, the
-// delta-rule values U, the per-chunk states, X, P) when they are written. tf32 keeps that rounding
+// fragment load), and the kernels' own products (A, the inverse diagonal blocks, the
+// substitution's intermediates, W, the delta-rule values U, the per-chunk states, P) when they
+// are written. tf32 keeps that rounding
 // (2^-11 relative) well below the bf16 rounding of the inputs (2^-8); sums, decays, the state
 // itself and U - W S stay in float32.
-//   1. prepare, one block per (b, hv, chunk): A by mma, X = (I + A)^-1 in float32 in shared
-//      memory (gdn_mma.h), W = X (beta exp(gc) K), U = X (beta V) by mma.
-//   2. state pass, one block per (b, hv, BV value columns), BV = 64 (16 warps) where V allows,
-//      else 32 (8 warps), sequential over chunks: the
+//   1. prepare, one block per (b, hv, chunk): A by mma; the 16 x 16 diagonal blocks of
+//      (I + A)^-1 in float32 (gdn_mma.h); W = (I + A)^-1 (beta exp(gc) K) and
+//      U = (I + A)^-1 (beta V) by blocked forward substitution with mma, a warp per 32 columns.
+//   2. state pass, one block of 8 warps per (b, hv, 32 value columns), sequential over chunks: the
 //      state tile lives in mma accumulators; per chunk U <- U - W S, S is saved for phase 3 (Sh),
 //      and S <- exp(gc_last) S + K^T (exp(gc_last - gc_j) U_j); the next chunk's W, K, U tile and
 //      decays are copied into shared memory (cp.async) while this one computes.
 //   3. output, one block per (b, hv, chunk): o = scale (exp(gc_i) q_i S + sum_{j<=i} P_ij U_j) with
 //      P = (Q K^T) * exp(gc_i - gc_j), both products by mma; P is computed while S and U arrive.
 // All kernels are templated on K (and V) so that tile strides and loop bounds are constants:
-// fragment addresses are then a base register plus immediates.
+// fragment addresses are then a base register plus immediates. Within each k-step of 8, slot t
+// of the fragments holds k = 2t and slot t + 4 holds k = 2t + 1 (any pairing of k with slots
+// gives the same product), so operands stored with k contiguous load as 8-byte pairs; tile row
+// strides are 8 mod 32 floats for those and 4 mod 16 for operands read across k rows, which
+// keeps the loads free of bank conflicts.
 // Workspace (float32): gcum [B,HV,T], W [B,HV,T,K], U [B,HV,T,V], Sh [B,HV,NC,K,V].
 #include <cuda_runtime.h>
 #include <stdint.h>
@@ -34,7 +39,7 @@ struct BlockSync {
 };
 
 constexpr int kC = 64;         // chunk length
-constexpr int kPS = kC + 4;    // row stride of the C x C tiles (A, X, P)
+constexpr int kPS = kC + 8;    // row stride of the C x C tiles (A, X, P)
 constexpr int kThreads = 256;  // every kernel: 8 warps
 
 __device__ __forceinline__ uint32_t tf32_bits(float x) {
@@ -47,8 +52,13 @@ __device__ __forceinline__ float rtf32(float x) { return __uint_as_float(tf32_bi
 
 template <bool CVT>
 __device__ __forceinline__ uint32_t opnd(float x) {
-  if constexpr (CVT) return tf32_bits(x);
-  else return __float_as_uint(x);
+  if constexpr (CVT) {
+    uint32_t r;
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
+    return r;
+  } else {
+    return __float_as_uint(x);
+  }
 }
 
 __device__ __forceinline__ void mma8(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
@@ -60,8 +70,9 @@ __device__ __forceinline__ void mma8(float (&d)[4], const uint32_t (&a)[4], uint
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// One k-step of 8 for one warp. A and B are already offset to this lane's fragment element and to
-// the k-step; (i, k) of A at A[i * AI + k * AK], (k, n) of B at B[k * BK + n * BN]. CA/CB: round
+// One k-step of 8 for one warp. A and B are already offset to this lane's fragment elements and
+// to the k-step; (i, k) of A at A[i * AI + k * AK], (k, n) of B at B[k * BK + n * BN]; slot t
+// holds k = 2t, slot t + 4 holds k = 2t + 1 (8-byte loads where AK or BK is 1). CA/CB: round
 // the operand to tf32 here (raw float32 in shared memory) rather than rely on it being rounded.
 template <int MT, int NT, int AI, int AK, int BK, int BN, bool CA, bool CB>
 __device__ __forceinline__ void kstep(float (&acc)[MT][NT][4], const float* A, const float* B) {
@@ -69,15 +80,32 @@ __device__ __forceinline__ void kstep(float (&acc)[MT][NT][4], const float* A, c
 #pragma unroll
   for (int m = 0; m < MT; ++m) {
     const float* p = A + m * 16 * AI;
-    a[m][0] = opnd<CA>(p[0]);
-    a[m][1] = opnd<CA>(p[8 * AI]);
-    a[m][2] = opnd<CA>(p[4 * AK]);
-    a[m][3] = opnd<CA>(p[8 * AI + 4 * AK]);
+    if constexpr (AK == 1) {
+      const float2 lo = *reinterpret_cast<const float2*>(p);
+      const float2 hi = *reinterpret_cast<const float2*>(p + 8 * AI);
+      a[m][0] = opnd<CA>(lo.x);
+      a[m][2] = opnd<CA>(lo.y);
+      a[m][1] = opnd<CA>(hi.x);
+      a[m][3] = opnd<CA>(hi.y);
+    } else {
+      a[m][0] = opnd<CA>(p[0]);
+      a[m][2] = opnd<CA>(p[AK]);
+      a[m][1] = opnd<CA>(p[8 * AI]);
+      a[m][3] = opnd<CA>(p[8 * AI + AK]);
+    }
   }
 #pragma unroll
   for (int n = 0; n < NT; ++n) {
     const float* p = B + n * 8 * BN;
-    const uint32_t b0 = opnd<CB>(p[0]), b1 = opnd<CB>(p[4 * BK]);
+    uint32_t b0, b1;
+    if constexpr (BK == 1) {
+      const float2 x = *reinterpret_cast<const float2*>(p);
+      b0 = opnd<CB>(x.x);
+      b1 = opnd<CB>(x.y);
+    } else {
+      b0 = opnd<CB>(p[0]);
+      b1 = opnd<CB>(p[BK]);
+    }
 #pragma unroll
     for (int m = 0; m < MT; ++m) mma8(acc[m][n], a[m], b0, b1);
   }
@@ -90,8 +118,8 @@ template <int MT, int NT, int KD, int AI, int AK, int BK, int BN, bool CA = fals
 __device__ __forceinline__ void gemm(float (&acc)[MT][NT][4], const float* A, const float* B,
                                      int lane) {
   const int g = lane >> 2, t = lane & 3;
-  A += g * AI + t * AK;
-  B += t * BK + g * BN;
+  A += g * AI + 2 * t * AK;
+  B += 2 * t * BK + g * BN;
 #pragma unroll
   for (int k0 = 0; k0 < KD; k0 += 8)
     kstep<MT, NT, AI, AK, BK, BN, CA, CB>(acc, A + k0 * AK, B + k0 * BK);
@@ -102,8 +130,8 @@ template <int MT, int NT, int AI, int AK, int BK, int BN>
 __device__ __forceinline__ void gemm_to(float (&acc)[MT][NT][4], const float* A, const float* B,
                                         int kd, int lane) {
   const int g = lane >> 2, t = lane & 3;
-  A += g * AI + t * AK;
-  B += t * BK + g * BN;
+  A += g * AI + 2 * t * AK;
+  B += 2 * t * BK + g * BN;
 #pragma unroll 2
   for (int k0 = 0; k0 < kd; k0 += 8)
     kstep<MT, NT, AI, AK, BK, BN, false, false>(acc, A + k0 * AK, B + k0 * BK);
@@ -175,11 +203,53 @@ __device__ __forceinline__ void round_tile(float* t, int L, int tid) {
 
 template <int K, int V>
 struct PrepSmem {
-  static constexpr int SK = K + 4, SV = V + 8;
+  static constexpr int SK = K + 8, SV = V + 4;
   static constexpr int Ks = 0, Vs = Ks + kC * SK, As = Vs + kC * SV, Xs = As + kC * kPS,
-                       Tm = Xs + kC * kPS, gc = Tm + 3 * 256, bt = gc + kC, fk = bt + kC,
-                       floats = fk + kC;
+                       gc = Xs + kC * kPS, bt = gc + kC, fk = bt + kC, floats = fk + kC;
 };
+
+// One warp, 32 columns of R (row stride LDR; the tf32 right-hand sides, replaced in place by the
+// solution): (I + A) Y = R by blocked forward substitution over the four 16-row blocks,
+//   T = R_I - sum_{J<I} A_IJ Y_J (tf32 operands, float32 sums), Y_I = (I + A_II)^-1 T,
+// with A's blocks below the diagonal blocks and the inverse diagonal blocks Xd (row stride kPS)
+// already rounded to tf32. Y rows < L go to out (row stride ldo) as float32, or rounded to tf32
+// when round_out (an operand only).
+template <int LDR>
+__device__ __forceinline__ void solve_block_columns(const float* As, const float* Xd, float* R,
+                                                    float* out, long ldo, bool round_out, int L,
+                                                    int lane) {
+  const int gq = lane >> 2, tq = lane & 3;
+#pragma unroll
+  for (int I = 0; I < 4; ++I) {
+    float acc[1][4][4];
+    zero(acc);
+    if (I > 0) gemm_to<1, 4, kPS, 1, LDR, 1>(acc, As + 16 * I * kPS, R, 16 * I, lane);
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        float2* p = reinterpret_cast<float2*>(R + (16 * I + gq + 8 * hf) * LDR + nt * 8 + 2 * tq);
+        const float2 r = *p;
+        *p = make_float2(rtf32(r.x - acc[0][nt][2 * hf]), rtf32(r.y - acc[0][nt][2 * hf + 1]));
+      }
+    __syncwarp();
+    float y[1][4][4];
+    zero(y);
+    gemm<1, 4, 16, kPS, 1, LDR, 1>(y, Xd + 16 * I * kPS + 16 * I, R + 16 * I * LDR, lane);
+    __syncwarp();  // every lane has read T before it is overwritten
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        const int i = 16 * I + gq + 8 * hf, c = nt * 8 + 2 * tq;
+        const float y0 = y[0][nt][2 * hf], y1 = y[0][nt][2 * hf + 1];
+        const float2 yr = make_float2(rtf32(y0), rtf32(y1));
+        *reinterpret_cast<float2*>(R + i * LDR + c) = yr;
+        if (i < L) *reinterpret_cast<float2*>(out + i * ldo + c) = round_out ? yr : make_float2(y0, y1);
+      }
+    __syncwarp();  // Y_I is visible to the warp before the next block reads it
+  }
+}
 
 template <int K, int V>
 __global__ void __launch_bounds__(kThreads, 2)
@@ -190,10 +260,10 @@ mma_prepare(const float* __restrict__ k, const float* __restrict__ v, const floa
   constexpr int SK = S::SK, SV = S::SV;
   extern __shared__ float4 smem4[];
   float* sm = reinterpret_cast<float*>(smem4);
-  float* Ks = sm + S::Ks;  // [C][SK]  keys, then tf32(beta exp(gc) K)
-  float* Vs = sm + S::Vs;  // [C][SV]  values, then tf32(beta V)
-  float* As = sm + S::As;  // [C][PS]  A (strictly lower), float32
-  float* Xs = sm + S::Xs;  // [C][PS]  (I + A)^-1, float32, then rounded to tf32
+  float* Ks = sm + S::Ks;  // [C][SK]  keys, then tf32(beta exp(gc) K), then W (tf32)
+  float* Vs = sm + S::Vs;  // [C][SV]  values, then tf32(beta V), then tf32(U)
+  float* As = sm + S::As;  // [C][PS]  A (strictly lower), float32; below the diagonal blocks tf32
+  float* Xs = sm + S::Xs;  // [C][PS]  the diagonal blocks of (I + A)^-1, tf32
   float* gc = sm + S::gc;  // [C] cumulative log decay
   float* bt = sm + S::bt;  // [C] beta
   float* fk = sm + S::fk;  // [C] beta exp(gc)
@@ -240,101 +310,85 @@ mma_prepare(const float* __restrict__ k, const float* __restrict__ v, const floa
 #pragma unroll
       for (int r = 0; r < 4; ++r) {
         const int i = i0 + gq + 8 * (r >> 1), j = n0 + nt * 8 + 2 * tq + (r & 1);
-        As[i * kPS + j] = j < i ? bt[i] * acc[0][nt][r] * expf(gc[i] - gc[j]) : 0.f;
+        const float a = j < i ? bt[i] * acc[0][nt][r] * expf(gc[i] - gc[j]) : 0.f;
+        As[i * kPS + j] = j / 16 < i / 16 ? rtf32(a) : a;  // below the diagonal blocks: operands
       }
   }
   __syncthreads();
-  {  // the right-hand sides, rounded: tf32(beta exp(gc) K), tf32(beta V)
-    constexpr int K4 = K / 4, V4 = V / 4;
+  if (tid < 64) {  // warps 0-1: the diagonal blocks of (I + A)^-1, one column each
+    const int o = (tid / 16) * 16, j = tid % 16;
+    float x[16];
+    gdn::inverse_diag16_column(As, kPS, o, j, x);
 #pragma unroll
-    for (int it = 0; it < kC * K4 / kThreads; ++it) {
-      const int idx = tid + it * kThreads, r = idx / K4, c = (idx % K4) * 4;
+    for (int i = 0; i < 16; ++i) Xs[(o + i) * kPS + o + j] = rtf32(x[i]);
+  } else {  // warps 2-7: the right-hand sides, rounded: tf32(beta exp(gc) K), tf32(beta V)
+    constexpr int K4 = K / 4, V4 = V / 4;
+    for (int idx = tid - 64; idx < kC * K4; idx += kThreads - 64) {
+      const int r = idx / K4, c = (idx % K4) * 4;
       float4* p = reinterpret_cast<float4*>(Ks + r * SK + c);
-      float4 x = *p;
+      const float4 x = *p;
       const float f = fk[r];
       *p = make_float4(rtf32(x.x * f), rtf32(x.y * f), rtf32(x.z * f), rtf32(x.w * f));
     }
-#pragma unroll
-    for (int it = 0; it < (kC * V4 + kThreads - 1) / kThreads; ++it) {
-      const int idx = tid + it * kThreads;
-      if (idx < kC * V4) {
-        const int r = idx / V4, c = (idx % V4) * 4;
-        float4* p = reinterpret_cast<float4*>(Vs + r * SV + c);
-        float4 x = *p;
-        const float f = bt[r];
-        *p = make_float4(rtf32(x.x * f), rtf32(x.y * f), rtf32(x.z * f), rtf32(x.w * f));
-      }
+    for (int idx = tid - 64; idx < kC * V4; idx += kThreads - 64) {
+      const int r = idx / V4, c = (idx % V4) * 4;
+      float4* p = reinterpret_cast<float4*>(Vs + r * SV + c);
+      const float4 x = *p;
+      const float f = bt[r];
+      *p = make_float4(rtf32(x.x * f), rtf32(x.y * f), rtf32(x.z * f), rtf32(x.w * f));
     }
   }
-  gdn::invert_unit_lower64(As, Xs, sm + S::Tm, kPS, tid, kThreads, BlockSync{});
-#pragma unroll
-  for (int it = 0; it < kC * kC / 4 / kThreads; ++it) {  // X to tf32, in place
-    const int idx = tid + it * kThreads, r = idx / (kC / 4), c = (idx % (kC / 4)) * 4;
-    float4* p = reinterpret_cast<float4*>(Xs + r * kPS + c);
-    float4 x = *p;
-    *p = make_float4(rtf32(x.x), rtf32(x.y), rtf32(x.z), rtf32(x.w));
-  }
   __syncthreads();
-  // W = X (beta exp(gc) K) (stored rounded: an operand only), U = X (beta V) (float32);
-  // X is lower triangular: k runs to the tile's last row
-  const int i0 = (w & 3) * 16;
-  for (int nb = w >> 2; nb < (K + V) / 32; nb += 2) {
-    const bool isw = nb * 32 < K;
-    const int c0 = isw ? nb * 32 : nb * 32 - K;
-    float acc[1][4][4];
-    zero(acc);
-    if (isw) gemm_to<1, 4, kPS, 1, SK, 1>(acc, Xs + i0 * kPS, Ks + c0, i0 + 16, lane);
-    else gemm_to<1, 4, kPS, 1, SV, 1>(acc, Xs + i0 * kPS, Vs + c0, i0 + 16, lane);
-#pragma unroll
-    for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-      for (int hf = 0; hf < 2; ++hf) {
-        const int i = i0 + gq + 8 * hf, c = c0 + nt * 8 + 2 * tq;
-        if (i >= L) continue;
-        const float x0 = acc[0][nt][2 * hf], x1 = acc[0][nt][2 * hf + 1];
-        if (isw)
-          *reinterpret_cast<float2*>(W + gdn::ws_row(b, hv, t0 + i, HV, T) * K + c) =
-              make_float2(rtf32(x0), rtf32(x1));
-        else
-          *reinterpret_cast<float2*>(U + gdn::ws_row(b, hv, t0 + i, HV, T) * V + c) =
-              make_float2(x0, x1);
-      }
+  // W = (I + A)^-1 (beta exp(gc) K) (stored rounded: an operand only), U = (I + A)^-1 (beta V)
+  // (float32), 32 columns of [K | V] per warp, no block-wide barrier
+  for (int cb = w; cb < (K + V) / 32; cb += 8) {
+    const long row = gdn::ws_row(b, hv, t0, HV, T);
+    if (cb * 32 < K)
+      solve_block_columns<SK>(As, Xs, Ks + cb * 32, W + row * K + cb * 32, K, true, L, lane);
+    else
+      solve_block_columns<SV>(As, Xs, Vs + cb * 32 - K, U + row * V + cb * 32 - K, V, false, L,
+                              lane);
   }
 }
 
 // --------------------------------------------------------------------------------- state pass
 
-// One stage of the state pass: a chunk's W rows, keys, U tile (BV value columns; overwritten in
-// place by the decayed delta-rule values, the B operand of the state update) and decays.
-template <int K, int BV>
+constexpr int kBV = 32;  // value columns per block of the state pass
+
+// One stage of the state pass: a chunk's W rows (A operand, k contiguous), keys (the transposed
+// A operand of the state update), U tile and cumulative decays.
+template <int K>
 struct PassStage {
-  static constexpr int SW = K + 4, SKK = K + 8, SU = BV + 8;
+  static constexpr int SW = K + 8, SKK = K + 4, SU = kBV + 8;
   static constexpr int W = 0, Kk = W + kC * SW, U = Kk + kC * SKK, G = U + kC * SU,
                        floats = G + kC;
 };
 
-template <int K, int BV>
-size_t state_pass_smem() {
-  return sizeof(float) * (2 * (size_t)PassStage<K, BV>::floats + (size_t)K * (BV + 8));
-}
+template <int K>
+struct PassSmem {
+  static constexpr int SST = K + 8, SUT = kC + 8;
+  static constexpr int Ss = 2 * PassStage<K>::floats, Ud = Ss + kBV * SST,
+                       floats = Ud + kBV * SUT;
+};
 
-// BV / 4 warps (BV = 32: 8, BV = 64: 16). W S: warp w owns rows 16 (w % 4).., columns
-// 16 (w / 4)... The state update: warp w owns state rows 16 (w % (K / 16)).. and NT3 * 8 columns
-// from NT3 * 8 (w / (K / 16)).
-template <int K, int BV>
-__global__ void __launch_bounds__(BV * 8, 1)
+// 8 warps. W S: warp w owns rows 16 (w % 4).., columns 16 (w / 4).., its K-long sums split in two
+// halves (independent mma chains). The state update: K = 128, warp w owns state rows 16 w.. and
+// all 32 columns; K = 64, rows 16 (w % 4).., columns 16 (w / 4)..
+template <int K>
+__global__ void __launch_bounds__(kThreads, 1)
 mma_state_pass(const float* __restrict__ k, const float* __restrict__ gcum,
                const float* __restrict__ W, float* __restrict__ U, float* __restrict__ Sh,
                float* __restrict__ state, int T, int H, int HV, int V, int NC) {
-  using P = PassStage<K, BV>;
-  constexpr int NT = BV * 8, NW = NT / 32, SS = BV + 8, NT3 = K * BV / (NW * 16 * 8);
-  static_assert(NW * 16 * 8 * NT3 == K * BV, "state tile does not split over the warps");
+  using P = PassStage<K>;
+  using M = PassSmem<K>;
+  constexpr int SST = M::SST, SUT = M::SUT, NT3 = K == 128 ? 4 : 2;
   extern __shared__ float4 smem4[];
   float* sm = reinterpret_cast<float*>(smem4);
-  float* Ss = sm + 2 * P::floats;  // [K][SS]  tf32(state tile), the B operand of W S
-  const int b = blockIdx.x / HV, hv = blockIdx.x % HV, h = hv / (HV / H), c0 = blockIdx.y * BV;
+  float* Ss = sm + M::Ss;  // [BV][SST]  tf32(state tile), transposed: the B operand of W S
+  float* Ud = sm + M::Ud;  // [BV][SUT]  tf32(exp(gc_last - gc_j) U_j), transposed
+  const int b = blockIdx.x / HV, hv = blockIdx.x % HV, h = hv / (HV / H), c0 = blockIdx.y * kBV;
   const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, gq = lane >> 2, tq = lane & 3;
-  const int r3 = 16 * (w % (K / 16)), n3 = NT3 * 8 * (w / (K / 16));
+  const int r3 = K == 128 ? 16 * w : 16 * (w & 3), n3 = K == 128 ? 0 : 16 * (w >> 2);
   const int r1 = 16 * (w & 3), n1 = 16 * (w >> 2);
   float* st = state + gdn::state_index(b, hv, HV, K, V) + c0;
   float s[1][NT3][4];  // rows r3 + gq (+8), columns n3 + 8nt + 2tq (+1)
@@ -350,11 +404,10 @@ mma_state_pass(const float* __restrict__ k, const float* __restrict__ gcum,
   auto issue = [&](int n) {
     const int t0 = n * kC, L = gdn::imin(kC, T - t0);
     float* sb = sm + (n & 1) * P::floats;
-    load_tile<kC, K, P::SW, NT>(sb + P::W, W + gdn::ws_row(b, hv, t0, HV, T) * K, K, L, tid);
-    load_tile<kC, K, P::SKK, NT>(sb + P::Kk, k + gdn::qk_index(b, t0, h, T, H, K), (long)H * K,
-                                 L, tid);
-    load_tile<kC, BV, P::SU, NT>(sb + P::U, U + gdn::ws_row(b, hv, t0, HV, T) * V + c0, V, L,
-                                 tid);
+    load_tile<kC, K, P::SW>(sb + P::W, W + gdn::ws_row(b, hv, t0, HV, T) * K, K, L, tid);
+    load_tile<kC, K, P::SKK>(sb + P::Kk, k + gdn::qk_index(b, t0, h, T, H, K), (long)H * K, L,
+                             tid);
+    load_tile<kC, kBV, P::SU>(sb + P::U, U + gdn::ws_row(b, hv, t0, HV, T) * V + c0, V, L, tid);
     if (tid < kC) {  // 4-byte copies: a chunk's decays need not be 16-byte aligned
       if (tid < L) cp4(sb + P::G + tid, gcum + gdn::ws_row(b, hv, t0 + tid, HV, T));
       else sb[P::G + tid] = 0.f;
@@ -372,21 +425,25 @@ mma_state_pass(const float* __restrict__ k, const float* __restrict__ gcum,
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf) {
         const int r = r3 + gq + 8 * hf, c = n3 + nt * 8 + 2 * tq;
-        const float2 x = make_float2(rtf32(s[0][nt][2 * hf]), rtf32(s[0][nt][2 * hf + 1]));
-        *reinterpret_cast<float2*>(Ss + r * SS + c) = x;
-        *reinterpret_cast<float2*>(sh + (long)r * V + c) = x;
+        const float x0 = rtf32(s[0][nt][2 * hf]), x1 = rtf32(s[0][nt][2 * hf + 1]);
+        Ss[c * SST + r] = x0;
+        Ss[(c + 1) * SST + r] = x1;
+        *reinterpret_cast<float2*>(sh + (long)r * V + c) = make_float2(x0, x1);
       }
     if (n + 1 < NC) cp_wait<1>();
     else cp_wait<0>();
     __syncthreads();
-    float* sb = sm + (n & 1) * P::floats;
+    const float* sb = sm + (n & 1) * P::floats;
     const float* gc = sb + P::G;
     const float gl = gc[L - 1];
-    {  // U <- U - W S (float32), stored rounded (an operand of phase 3 only); the tile becomes
-       // tf32(exp(gc_last - gc_j) U_j), each element rewritten by the thread that read it
-      float ws[1][2][4];
+    {  // U <- U - W S (float32), stored rounded (an operand of phase 3 only)
+      float ws[1][2][4], w2[1][2][4];
       zero(ws);
-      gemm<1, 2, K, P::SW, 1, SS, 1>(ws, sb + P::W + r1 * P::SW, Ss + n1, lane);
+      zero(w2);
+      const float* wa = sb + P::W + r1 * P::SW;
+      const float* sbn = Ss + n1 * SST;
+      gemm<1, 2, K / 2, P::SW, 1, 1, SST>(ws, wa, sbn, lane);
+      gemm<1, 2, K / 2, P::SW, 1, 1, SST>(w2, wa + K / 2, sbn + K / 2, lane);
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf) {
         const int i = r1 + gq + 8 * hf;
@@ -394,13 +451,14 @@ mma_state_pass(const float* __restrict__ k, const float* __restrict__ gcum,
 #pragma unroll
         for (int nt = 0; nt < 2; ++nt) {
           const int c = n1 + nt * 8 + 2 * tq;
-          float2* up = reinterpret_cast<float2*>(sb + P::U + i * P::SU + c);
-          const float2 u = *up;
-          const float x0 = u.x - ws[0][nt][2 * hf], x1 = u.y - ws[0][nt][2 * hf + 1];
+          const float2 u = *reinterpret_cast<const float2*>(sb + P::U + i * P::SU + c);
+          const float x0 = u.x - (ws[0][nt][2 * hf] + w2[0][nt][2 * hf]);
+          const float x1 = u.y - (ws[0][nt][2 * hf + 1] + w2[0][nt][2 * hf + 1]);
           if (i < L)
             *reinterpret_cast<float2*>(U + gdn::ws_row(b, hv, t0 + i, HV, T) * V + c0 + c) =
                 make_float2(rtf32(x0), rtf32(x1));
-          *up = make_float2(rtf32(d * x0), rtf32(d * x1));
+          Ud[c * SUT + i] = rtf32(d * x0);
+          Ud[(c + 1) * SUT + i] = rtf32(d * x1);
         }
       }
     }
@@ -411,7 +469,7 @@ mma_state_pass(const float* __restrict__ k, const float* __restrict__ gcum,
     for (int nt = 0; nt < NT3; ++nt)
 #pragma unroll
       for (int r = 0; r < 4; ++r) s[0][nt][r] *= el;
-    gemm<1, NT3, kC, 1, P::SKK, P::SU, 1, true, false>(s, sb + P::Kk + r3, sb + P::U + n3, lane);
+    gemm<1, NT3, kC, 1, P::SKK, 1, SUT, true, false>(s, sb + P::Kk + r3, Ud + n3 * SUT, lane);
     __syncthreads();
   }
 #pragma unroll
@@ -428,7 +486,7 @@ mma_state_pass(const float* __restrict__ k, const float* __restrict__ gcum,
 
 template <int K, int V>
 struct OutSmem {
-  static constexpr int SK = K + 4, SV = V + 8;
+  static constexpr int SK = K + 8, SV = V + 4;
   static constexpr int Qs = 0, Ks = Qs + kC * SK, Ps = Ks + kC * SK, Ss = Ps + kC * kPS,
                        Us = Ss + K * SV, gc = Us + kC * SV, floats = gc + kC;
 };
@@ -464,9 +522,8 @@ mma_output(const float* __restrict__ q, const float* __restrict__ k,
   round_tile<kC, K, SK>(Qs, L, tid);
   round_tile<kC, K, SK>(Ks, L, tid);
   __syncthreads();
-  const int i0 = (w & 3) * 16;
   {  // P = (Q K^T) exp(gc_i - gc_j), lower triangle with the diagonal
-    const int n0 = (w >> 2) * 32;
+    const int i0 = (w & 3) * 16, n0 = (w >> 2) * 32;
     float acc[1][4][4];
     zero(acc);
     if (n0 <= i0 + 15) gemm<1, 4, K, SK, 1, 1, SK>(acc, Qs + i0 * SK, Ks + n0 * SK, lane);
@@ -480,8 +537,11 @@ mma_output(const float* __restrict__ q, const float* __restrict__ k,
   }
   cp_wait<0>();
   __syncthreads();
-  const float e0 = expf(gc[i0 + gq]), e1 = expf(gc[i0 + gq + 8]);
-  for (int nb = w >> 2; nb < V / 32; nb += 2) {
+  // 16-row x 32-column output tiles; P U is triangular, so a warp alternates row blocks r and
+  // 3 - r over its column blocks to even out the work
+  for (int nb = w >> 2, j = 0; nb < V / 32; nb += 2, ++j) {
+    const int i0 = 16 * ((j & 1) ? 3 - (w & 3) : (w & 3));
+    const float e0 = expf(gc[i0 + gq]), e1 = expf(gc[i0 + gq + 8]);
     float acc[1][4][4];
     zero(acc);
     gemm<1, 4, K, SK, 1, SV, 1>(acc, Qs + i0 * SK, Ss + nb * 32, lane);
@@ -512,39 +572,34 @@ cudaError_t allow_smem(F* kernel, size_t bytes) {
   return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
 }
 
-template <int K, int V, int BV>
+template <int K, int V>
 int launch_mma(const float* q, const float* k, const float* v, const float* g, const float* beta,
                float* o, float* state, float* gcum, float* W, float* U, float* Sh, int B, int T,
                int H, int HV, float scale, cudaStream_t s) {
   const int NC = (T + kC - 1) / kC;
-  const size_t s1 = sizeof(float) * PrepSmem<K, V>::floats, s2 = state_pass_smem<K, BV>(),
-               s3 = sizeof(float) * OutSmem<K, V>::floats;
+  const size_t s1 = sizeof(float) * PrepSmem<K, V>::floats,
+               s2 = sizeof(float) * PassSmem<K>::floats, s3 = sizeof(float) * OutSmem<K, V>::floats;
   cudaError_t err;
   if ((err = allow_smem(mma_prepare<K, V>, s1)) != cudaSuccess) return (int)err;
-  if ((err = allow_smem(mma_state_pass<K, BV>, s2)) != cudaSuccess) return (int)err;
+  if ((err = allow_smem(mma_state_pass<K>, s2)) != cudaSuccess) return (int)err;
   if ((err = allow_smem(mma_output<K, V>, s3)) != cudaSuccess) return (int)err;
   mma_prepare<K, V><<<B * HV * NC, kThreads, s1, s>>>(k, v, g, beta, gcum, W, U, T, H, HV, NC);
-  mma_state_pass<K, BV><<<dim3(B * HV, V / BV), BV * 8, s2, s>>>(k, gcum, W, U, Sh, state, T, H,
-                                                                  HV, V, NC);
+  mma_state_pass<K><<<dim3(B * HV, V / kBV), kThreads, s2, s>>>(k, gcum, W, U, Sh, state, T, H,
+                                                                 HV, V, NC);
   mma_output<K, V><<<B * HV * NC, kThreads, s3, s>>>(q, k, gcum, U, Sh, o, T, H, HV, scale, NC);
   return (int)cudaGetLastError();
 }
 
-// bv: value columns per state-pass block, 32 or 64 (64 needs V % 64 == 0); 0 picks 32 (64 halves
-// the W and K reads but ran 1.5x slower on an H200: the pass is bound by per-warp latency)
 template <int K>
 int launch_mma_v(const float* q, const float* k, const float* v, const float* g,
                  const float* beta, float* o, float* state, float* gcum, float* W, float* U,
-                 float* Sh, int B, int T, int H, int HV, int V, float scale, int bv,
-                 cudaStream_t s) {
+                 float* Sh, int B, int T, int H, int HV, int V, float scale, cudaStream_t s) {
 #define GDN_MMA_ARGS q, k, v, g, beta, o, state, gcum, W, U, Sh, B, T, H, HV, scale, s
-  const bool wide = bv == 64;
-  if (wide && V % 64 != 0) return -1;
   switch (V) {
-    case 32: return launch_mma<K, 32, 32>(GDN_MMA_ARGS);
-    case 64: return wide ? launch_mma<K, 64, 64>(GDN_MMA_ARGS) : launch_mma<K, 64, 32>(GDN_MMA_ARGS);
-    case 96: return launch_mma<K, 96, 32>(GDN_MMA_ARGS);
-    case 128: return wide ? launch_mma<K, 128, 64>(GDN_MMA_ARGS) : launch_mma<K, 128, 32>(GDN_MMA_ARGS);
+    case 32: return launch_mma<K, 32>(GDN_MMA_ARGS);
+    case 64: return launch_mma<K, 64>(GDN_MMA_ARGS);
+    case 96: return launch_mma<K, 96>(GDN_MMA_ARGS);
+    case 128: return launch_mma<K, 128>(GDN_MMA_ARGS);
     default: return -1;
   }
 #undef GDN_MMA_ARGS
@@ -561,16 +616,15 @@ int gdn_chunked_mma_supported(int K, int V) {
 
 // Tensor-core chunked prefill (chunk 64, fp32 accumulators, tf32 operands). Workspace: gcum
 // [B,HV,T], W [B,HV,T,K], U [B,HV,T,V], Sh [B,HV,ceil(T/64),K,V], float32, provided by the caller.
-// bv: value columns per state-pass block (0: automatic; 32; 64 where V % 64 == 0).
-// Returns 0, a cudaError_t code, or -1 for a shape (or bv) the path refuses.
+// Returns 0, a cudaError_t code, or -1 for a shape gdn_chunked_mma_supported refuses.
 int gdn_chunked_mma_cuda(const float* q, const float* k, const float* v, const float* g,
                          const float* beta, float* o, float* state, float* gcum, float* W,
                          float* U, float* Sh, int B, int T, int H, int HV, int K, int V,
-                         float scale, int bv, void* stream) {
-  if (!gdn_chunked_mma_supported(K, V) || (bv != 0 && bv != 32 && bv != 64)) return -1;
+                         float scale, void* stream) {
+  if (!gdn_chunked_mma_supported(K, V)) return -1;
   auto s = static_cast<cudaStream_t>(stream);
-  return K == 128 ? launch_mma_v<128>(q, k, v, g, beta, o, state, gcum, W, U, Sh, B, T, H, HV, V, scale, bv, s)
-                  : launch_mma_v<64>(q, k, v, g, beta, o, state, gcum, W, U, Sh, B, T, H, HV, V, scale, bv, s);
+  return K == 128 ? launch_mma_v<128>(q, k, v, g, beta, o, state, gcum, W, U, Sh, B, T, H, HV, V, scale, s)
+                  : launch_mma_v<64>(q, k, v, g, beta, o, state, gcum, W, U, Sh, B, T, H, HV, V, scale, s);
 }
 
 }  // extern "C"

@@ -64,11 +64,11 @@ def library(kind: str) -> ctypes.CDLL:
         chk = getattr(lib, f"gdn_chunked_{sfx}")
         chk.argtypes, chk.restype = [_P] * 10 + [_I] * 6 + [_F, _I, _I] + extra, _I
         if kind == "cpu":
-            inv = lib.gdn_invert_unit_lower64_cpu
+            inv = lib.gdn_inverse_diag16_cpu
             inv.argtypes, inv.restype = [_P, _P, _I], _I
         if kind == "cuda":
             mma = lib.gdn_chunked_mma_cuda
-            mma.argtypes, mma.restype = [_P] * 11 + [_I] * 6 + [_F, _I, _P], _I
+            mma.argtypes, mma.restype = [_P] * 11 + [_I] * 6 + [_F, _P], _I
         lib._gdn_typed = True
     return lib
 
@@ -78,14 +78,15 @@ def mma_fits(s, C, acc64) -> bool:
     return C == 64 and not acc64 and s.K in MMA_K and s.V in MMA_V
 
 
-def invert_unit_lower64(A: torch.Tensor) -> torch.Tensor:
-    """(I + A)^-1 of strictly lower triangular [..., 64, 64] float32 matrices through the CPU build
-    of the mma path's blocked inversion (``kernels/gdn/gdn_mma.h``), for tests and inspection."""
+def inverse_diag16(A: torch.Tensor) -> torch.Tensor:
+    """The four 16 x 16 diagonal blocks of (I + A)^-1 (zeros elsewhere) for strictly lower
+    triangular [..., 64, 64] float32 matrices, through the CPU build of the code the mma path's
+    prepare kernel runs (``kernels/gdn/gdn_mma.h``); for tests and inspection."""
     A = A.detach().to("cpu", torch.float32).contiguous()
     if A.shape[-2:] != (64, 64):
         raise KernelArgumentError(f"A: expected [..., 64, 64], got {tuple(A.shape)}", key="A")
-    X = torch.empty_like(A)
-    library("cpu").gdn_invert_unit_lower64_cpu(A.data_ptr(), X.data_ptr(), A.numel() // 4096)
+    X = torch.zeros_like(A)
+    library("cpu").gdn_inverse_diag16_cpu(A.data_ptr(), X.data_ptr(), A.numel() // 4096)
     return X
 
 
@@ -108,19 +109,6 @@ def cuda_path(s, C, acc64, input_dtype=None) -> str:
     if want == "auto":
         want = "mma" if fits and input_dtype in (torch.bfloat16, torch.float16) else "scalar"
     return want
-
-
-def _mma_bv(V: int) -> int:
-    """Value columns per state-pass block of the mma path: ``WORKBENCH_GDN_MMA_BV`` (32 or 64;
-    unset or 0: 32). Same results either way; a knob for benchmarks."""
-    raw = os.environ.get("WORKBENCH_GDN_MMA_BV", "0").strip() or "0"
-    if raw not in ("0", "32", "64"):
-        raise KernelArgumentError(f"WORKBENCH_GDN_MMA_BV: expected 0, 32 or 64, got {raw!r}",
-                                  key="backend", fix="unset it")
-    if raw == "64" and V % 64:
-        raise KernelArgumentError(f"WORKBENCH_GDN_MMA_BV=64 needs V a multiple of 64, got V={V}",
-                                  key="backend", fix="unset it or use 32")
-    return int(raw)
 
 
 def _run(op, q, k, v, g, beta, scale, initial_state, qk_l2norm, policy, chunk_size=None):
@@ -171,7 +159,7 @@ def launch(op, s, C, acc64, tensors, state, o, path="scalar"):
             nc = (s.T + C - 1) // C
             sh = torch.empty(s.B, s.HV, nc, s.K, s.V, **f32)
             rc = lib.gdn_chunked_mma_cuda(*ptrs, *(w.data_ptr() for w in (*ws, sh)), *dims,
-                                          s.scale, _mma_bv(s.V), *extra)
+                                          s.scale, *extra)
             if rc != 0:
                 raise BackendUnavailableError(f"native gdn chunked (cuda, mma) failed with code {rc}",
                                               key="backend", fix="WORKBENCH_GDN_CUDA_PATH=scalar")
