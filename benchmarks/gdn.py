@@ -11,7 +11,8 @@ Kernel-level timings launch our kernels on inputs already staged to float32 (``l
 Ratio = fla time / our time (above 1: ours is faster). ``graph_*`` entries time a CUDA-graph
 replay of the same call (no Python launch cost), as a serving engine's graphed decode sees it.
 Prefill ``ext`` is the CUDA chunked path the backend picks for bf16 inputs (``mma``: tensor
-cores, tf32 operands); ``ext_scalar`` is the plain-fp32 path (the default for fp32 inputs).
+cores, tf32 operands, o written in bf16 like fla's); ``ext_scalar`` is the plain-fp32 path (the
+default for fp32 inputs; o in float32).
 ``--only`` keeps the named runners (and fla).
 
     python benchmarks/gdn.py --out benchmarks/results/gdn-h200-YYYYMMDD.json
@@ -142,7 +143,9 @@ def _runners(x, op):
     else:
         run["numba"] = lambda: numba_cuda.launch("chunked", s, 64, tensors, st_n, o)
         path = ext.cuda_path(s, 64, 0, x["q"].dtype)
-        run["ext"] = lambda: ext.launch("chunked", s, 64, 0, tensors, st_e, o, path=path)
+        # the mma path writes o in the output dtype (bf16 here, as fla does); scalar writes fp32
+        o_ext = o.to(x["v"].dtype) if path == "mma" else o
+        run["ext"] = lambda: ext.launch("chunked", s, 64, 0, tensors, st_e, o_ext, path=path)
         run["ext_scalar"] = lambda: ext.launch("chunked", s, 64, 0, tensors, st_e, o,
                                                path="scalar")
         if s.T <= 8192:

@@ -25,7 +25,10 @@
 // gives the same product), so operands stored with k contiguous load as 8-byte pairs; tile row
 // strides are 8 mod 32 floats for those and 4 mod 16 for operands read across k rows, which
 // keeps the loads free of bank conflicts.
-// Workspace (float32): gcum [B,HV,T], W [B,HV,T,K], U [B,HV,T,V], Sh [B,HV,NC,K,V].
+// Workspace (float32): gcum [B,HV,T], W [B,HV,T,K], U [B,HV,T,V], Sh [B,HV,NC,K,V]. o is written
+// in float32, bf16 or fp16 (rounded to nearest even from the float32 result).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
 
@@ -495,8 +498,8 @@ template <int K, int V>
 __global__ void __launch_bounds__(kThreads, 1)
 mma_output(const float* __restrict__ q, const float* __restrict__ k,
            const float* __restrict__ gcum, const float* __restrict__ U,
-           const float* __restrict__ Sh, float* __restrict__ o, int T, int H, int HV, float scale,
-           int NC) {
+           const float* __restrict__ Sh, void* __restrict__ o, int T, int H, int HV, float scale,
+           int odt, int NC) {
   using S = OutSmem<K, V>;
   constexpr int SK = S::SK, SV = S::SV;
   extern __shared__ float4 smem4[];
@@ -558,9 +561,15 @@ mma_output(const float* __restrict__ q, const float* __restrict__ k,
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf) {
         const int i = i0 + gq + 8 * hf, c = nb * 32 + nt * 8 + 2 * tq;
-        if (i < L)
-          *reinterpret_cast<float2*>(o + gdn::v_index(b, t0 + i, hv, T, HV, V) + c) =
-              make_float2(scale * acc[0][nt][2 * hf], scale * acc[0][nt][2 * hf + 1]);
+        if (i >= L) continue;
+        const long at = gdn::v_index(b, t0 + i, hv, T, HV, V) + c;
+        const float y0 = scale * acc[0][nt][2 * hf], y1 = scale * acc[0][nt][2 * hf + 1];
+        if (odt == 1)
+          reinterpret_cast<__nv_bfloat162*>(o)[at / 2] = __floats2bfloat162_rn(y0, y1);
+        else if (odt == 2)
+          reinterpret_cast<__half2*>(o)[at / 2] = __floats2half2_rn(y0, y1);
+        else
+          *reinterpret_cast<float2*>(static_cast<float*>(o) + at) = make_float2(y0, y1);
       }
   }
 }
@@ -574,8 +583,8 @@ cudaError_t allow_smem(F* kernel, size_t bytes) {
 
 template <int K, int V>
 int launch_mma(const float* q, const float* k, const float* v, const float* g, const float* beta,
-               float* o, float* state, float* gcum, float* W, float* U, float* Sh, int B, int T,
-               int H, int HV, float scale, cudaStream_t s) {
+               void* o, float* state, float* gcum, float* W, float* U, float* Sh, int B, int T,
+               int H, int HV, float scale, int odt, cudaStream_t s) {
   const int NC = (T + kC - 1) / kC;
   const size_t s1 = sizeof(float) * PrepSmem<K, V>::floats,
                s2 = sizeof(float) * PassSmem<K>::floats, s3 = sizeof(float) * OutSmem<K, V>::floats;
@@ -586,15 +595,17 @@ int launch_mma(const float* q, const float* k, const float* v, const float* g, c
   mma_prepare<K, V><<<B * HV * NC, kThreads, s1, s>>>(k, v, g, beta, gcum, W, U, T, H, HV, NC);
   mma_state_pass<K><<<dim3(B * HV, V / kBV), kThreads, s2, s>>>(k, gcum, W, U, Sh, state, T, H,
                                                                  HV, V, NC);
-  mma_output<K, V><<<B * HV * NC, kThreads, s3, s>>>(q, k, gcum, U, Sh, o, T, H, HV, scale, NC);
+  mma_output<K, V><<<B * HV * NC, kThreads, s3, s>>>(q, k, gcum, U, Sh, o, T, H, HV, scale, odt,
+                                                    NC);
   return (int)cudaGetLastError();
 }
 
 template <int K>
 int launch_mma_v(const float* q, const float* k, const float* v, const float* g,
-                 const float* beta, float* o, float* state, float* gcum, float* W, float* U,
-                 float* Sh, int B, int T, int H, int HV, int V, float scale, cudaStream_t s) {
-#define GDN_MMA_ARGS q, k, v, g, beta, o, state, gcum, W, U, Sh, B, T, H, HV, scale, s
+                 const float* beta, void* o, float* state, float* gcum, float* W, float* U,
+                 float* Sh, int B, int T, int H, int HV, int V, float scale, int odt,
+                 cudaStream_t s) {
+#define GDN_MMA_ARGS q, k, v, g, beta, o, state, gcum, W, U, Sh, B, T, H, HV, scale, odt, s
   switch (V) {
     case 32: return launch_mma<K, 32>(GDN_MMA_ARGS);
     case 64: return launch_mma<K, 64>(GDN_MMA_ARGS);
@@ -616,15 +627,16 @@ int gdn_chunked_mma_supported(int K, int V) {
 
 // Tensor-core chunked prefill (chunk 64, fp32 accumulators, tf32 operands). Workspace: gcum
 // [B,HV,T], W [B,HV,T,K], U [B,HV,T,V], Sh [B,HV,ceil(T/64),K,V], float32, provided by the caller.
-// Returns 0, a cudaError_t code, or -1 for a shape gdn_chunked_mma_supported refuses.
+// o_dtype: 0 float32, 1 bf16, 2 fp16 (o's element type). Returns 0, a cudaError_t code, or -1 for
+// a shape gdn_chunked_mma_supported refuses or an unknown o_dtype.
 int gdn_chunked_mma_cuda(const float* q, const float* k, const float* v, const float* g,
-                         const float* beta, float* o, float* state, float* gcum, float* W,
+                         const float* beta, void* o, float* state, float* gcum, float* W,
                          float* U, float* Sh, int B, int T, int H, int HV, int K, int V,
-                         float scale, void* stream) {
-  if (!gdn_chunked_mma_supported(K, V)) return -1;
+                         float scale, int o_dtype, void* stream) {
+  if (!gdn_chunked_mma_supported(K, V) || o_dtype < 0 || o_dtype > 2) return -1;
   auto s = static_cast<cudaStream_t>(stream);
-  return K == 128 ? launch_mma_v<128>(q, k, v, g, beta, o, state, gcum, W, U, Sh, B, T, H, HV, V, scale, s)
-                  : launch_mma_v<64>(q, k, v, g, beta, o, state, gcum, W, U, Sh, B, T, H, HV, V, scale, s);
+  return K == 128 ? launch_mma_v<128>(q, k, v, g, beta, o, state, gcum, W, U, Sh, B, T, H, HV, V, scale, o_dtype, s)
+                  : launch_mma_v<64>(q, k, v, g, beta, o, state, gcum, W, U, Sh, B, T, H, HV, V, scale, o_dtype, s);
 }
 
 }  // extern "C"

@@ -156,6 +156,31 @@ def test_cuda_mma_against_oracle(case, monkeypatch):
 
 
 @pytest.mark.gpu
+def test_cuda_mma_writes_output_dtype(monkeypatch):
+    """The mma kernel writes bf16/fp16 o itself: bit-equal to its float32 o rounded by torch."""
+    from workbench.kernels.gdn._launch import stage
+    monkeypatch.setenv("WORKBENCH_GDN_CUDA_PATH", "mma")
+    x = make_inputs(1, 150, 2, 4, 128, 128, dtype=torch.bfloat16, state=True, seed=13,
+                    device="cuda")
+    s, _, _, tensors, state, _ = stage("ext", **x, scale=None, qk_l2norm=True, policy=None)
+    outs = {}
+    for dt in (torch.float32, torch.bfloat16, torch.float16):
+        outs[dt] = torch.full((s.B, s.T, s.HV, s.V), float("nan"), dtype=dt, device="cuda")
+        ext.launch("chunked", s, 64, 0, tensors, state.clone(), outs[dt], path="mma")
+    assert torch.isfinite(outs[torch.float32]).all()
+    assert torch.equal(outs[torch.bfloat16], outs[torch.float32].bfloat16())
+    assert torch.equal(outs[torch.float16], outs[torch.float32].half())
+    o, _ = gdn.chunked(**x, qk_l2norm=True, backend="ext")          # the API: bf16 from the kernel
+    assert o.dtype == torch.bfloat16 and torch.equal(o, outs[torch.bfloat16])
+    o16, _ = gdn.chunked(**x, qk_l2norm=True, backend="ext", policy=Policy(output_dtype="fp16"))
+    assert o16.dtype == torch.float16 and torch.equal(o16, outs[torch.float16])
+    with pytest.raises(KernelArgumentError, match="mma path writes"):
+        ext.launch("chunked", s, 64, 0, tensors, state.clone(),
+                   torch.empty(s.B, s.T, s.HV, s.V, dtype=torch.float64, device="cuda"),
+                   path="mma")
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("split", [64, 100])
 def test_cuda_mma_continuation(split, monkeypatch):
     """Prefill continuation on the mma path: [0:split] then [split:] with the state carried

@@ -9,7 +9,8 @@ materialized in ``policy.input_dtype`` when set, o is rounded to ``policy.output
 
 The CUDA chunked form has two paths (``cuda_path``): ``scalar`` (plain fp32 FMAs, the element code
 of ``gdn_common.h``) and ``mma`` (``gdn_mma.cu``: tensor cores, tf32 operands rounded to nearest,
-fp32 accumulators; chunk 64, K in {64, 128}, V in {32, 64, 96, 128}). ``auto`` takes ``mma``
+fp32 accumulators; chunk 64, K in {64, 128}, V in {32, 64, 96, 128}; o written in the output
+dtype by the kernel). ``auto`` takes ``mma``
 for bf16/fp16 inputs (after ``policy.input_dtype``) when the shape fits and the accumulator is
 fp32, else ``scalar``; ``WORKBENCH_GDN_CUDA_PATH=scalar|mma|auto`` overrides.
 """
@@ -36,6 +37,7 @@ SOURCES = {"cpu": ["gdn/gdn_cpu.cpp"], "cuda": ["gdn/gdn_cuda.cu", "gdn/gdn_mma.
 CUDA_K = (16, 32, 64, 128, 256)
 MMA_K = (64, 128)
 MMA_V = (32, 64, 96, 128)
+MMA_OUT = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}  # o dtypes of the mma path
 PATHS = ("auto", "mma", "scalar")
 
 _P, _I, _F = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
@@ -68,7 +70,7 @@ def library(kind: str) -> ctypes.CDLL:
             inv.argtypes, inv.restype = [_P, _P, _I], _I
         if kind == "cuda":
             mma = lib.gdn_chunked_mma_cuda
-            mma.argtypes, mma.restype = [_P] * 11 + [_I] * 6 + [_F, _P], _I
+            mma.argtypes, mma.restype = [_P] * 11 + [_I] * 6 + [_F, _I, _P], _I
         lib._gdn_typed = True
     return lib
 
@@ -114,11 +116,13 @@ def cuda_path(s, C, acc64, input_dtype=None) -> str:
 def _run(op, q, k, v, g, beta, scale, initial_state, qk_l2norm, policy, chunk_size=None):
     s, p, C, tensors, state, out = stage("ext", q, k, v, g, beta, scale, initial_state,
                                          qk_l2norm, policy, chunk_size)
-    o = torch.empty(s.B, s.T, s.HV, s.V, dtype=torch.float32, device=tensors[0].device)
     acc64 = int(p.accum_dtype == "fp64")
     path = "scalar"
     if op == "chunked" and tensors[0].is_cuda:
         path = cuda_path(s, C, acc64, torch_dtype(p.input_dtype) if p.input_dtype else q.dtype)
+    # the mma path writes o in the output dtype itself (round to nearest even, as .to() does)
+    odt = out if path == "mma" and out in MMA_OUT else torch.float32
+    o = torch.empty(s.B, s.T, s.HV, s.V, dtype=odt, device=tensors[0].device)
     if s.T > 0:
         launch(op, s, C, acc64, tensors, state, o, path=path)
     return o.to(out), state
@@ -128,7 +132,8 @@ def launch(op, s, C, acc64, tensors, state, o, path="scalar"):
     """Run the native kernel on staged float32 contiguous tensors; ``state`` is updated in place.
 
     ``path`` ("scalar" or "mma") picks the CUDA chunked kernels; CPU tensors and the recurrence
-    always run the scalar code.
+    always run the scalar code. ``o`` is float32, except on the mma path, which also writes bf16
+    or fp16 ``o`` directly (rounded to nearest even from its float32 result).
     """
     q = tensors[0]
     kind = "cuda" if q.is_cuda else "cpu"
@@ -158,8 +163,11 @@ def launch(op, s, C, acc64, tensors, state, o, path="scalar"):
                                           f"V={s.V}, acc64={acc64}", key="backend")
             nc = (s.T + C - 1) // C
             sh = torch.empty(s.B, s.HV, nc, s.K, s.V, **f32)
+            if o.dtype not in MMA_OUT:
+                raise KernelArgumentError(f"o: the mma path writes {list(MMA_OUT)}, got {o.dtype}",
+                                          key="o")
             rc = lib.gdn_chunked_mma_cuda(*ptrs, *(w.data_ptr() for w in (*ws, sh)), *dims,
-                                          s.scale, *extra)
+                                          s.scale, MMA_OUT[o.dtype], *extra)
             if rc != 0:
                 raise BackendUnavailableError(f"native gdn chunked (cuda, mma) failed with code {rc}",
                                               key="backend", fix="WORKBENCH_GDN_CUDA_PATH=scalar")
