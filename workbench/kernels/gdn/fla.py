@@ -15,7 +15,8 @@ from functools import lru_cache
 import torch
 
 from workbench.errors import KernelArgumentError
-from workbench.kernels.gdn import torch_ref
+# the helper ops run through the torch implementation (same keyword signatures)
+from workbench.kernels.gdn.torch_ref import causal_conv1d, gated_rmsnorm, gates  # noqa: F401
 from workbench.kernels.gdn._checks import check_gdn, resolve_chunk
 from workbench.numerics.policy import resolve_policy
 
@@ -90,15 +91,3 @@ def chunked(q, k, v, g, beta, *, scale=None, initial_state=None, qk_l2norm=False
                   initial_state=_state(initial_state), output_final_state=True,
                   use_qk_l2norm_in_kernel=qk_l2norm)
     return o, st
-
-
-def gates(a, b, A_log, dt_bias, *, policy=None):
-    return torch_ref.gates(a, b, A_log, dt_bias, policy=policy)
-
-
-def causal_conv1d(x, weight, *, state=None, policy=None):
-    return torch_ref.causal_conv1d(x, weight, state=state, policy=policy)
-
-
-def gated_rmsnorm(x, z, weight, eps=1e-6, *, policy=None):
-    return torch_ref.gated_rmsnorm(x, z, weight, eps, policy=policy)

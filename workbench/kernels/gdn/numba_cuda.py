@@ -29,7 +29,8 @@ from functools import lru_cache
 import torch
 
 from workbench.errors import KernelArgumentError
-from workbench.kernels.gdn import torch_ref
+# the helper ops run through the torch implementation (same keyword signatures)
+from workbench.kernels.gdn.torch_ref import causal_conv1d, gated_rmsnorm, gates  # noqa: F401
 from workbench.kernels.gdn._launch import stage
 
 try:  # kernels must see the module-level ``cuda``: the simulator swaps it in their globals
@@ -444,15 +445,3 @@ def recurrent(q, k, v, g, beta, *, scale=None, initial_state=None, qk_l2norm=Fal
 def chunked(q, k, v, g, beta, *, scale=None, initial_state=None, qk_l2norm=False,
             chunk_size=None, policy=None):
     return _run("chunked", q, k, v, g, beta, scale, initial_state, qk_l2norm, policy, chunk_size)
-
-
-def gates(a, b, A_log, dt_bias, *, policy=None):
-    return torch_ref.gates(a, b, A_log, dt_bias, policy=policy)
-
-
-def causal_conv1d(x, weight, *, state=None, policy=None):
-    return torch_ref.causal_conv1d(x, weight, state=state, policy=policy)
-
-
-def gated_rmsnorm(x, z, weight, eps=1e-6, *, policy=None):
-    return torch_ref.gated_rmsnorm(x, z, weight, eps, policy=policy)
