@@ -35,6 +35,20 @@ def test_cpu_build_matches_oracle_and_torch(case):
     assert workbench.compare(to, o).rel_l2 < tol  # same rounding points, different sum orders
 
 
+def test_input_and_output_dtypes_around_the_kernel():
+    """policy.input_dtype materializes q/k/v before the kernel, policy.output_dtype rounds o after."""
+    pb = decode_problem(B=2, HQ=4, HKV=2, D=16, seqlen=40, budget=16, seed=5, dtype=torch.float32)
+    cache = (pb.cache.k, pb.cache.v)
+    o, lse = ext.sparse_decode(pb.q, cache, pb.cache.block_table, pb.indices, num_splits=2,
+                               policy=Policy(input_dtype="bf16", output_dtype="fp16"))
+    ro, rlse = ext.sparse_decode(pb.q.bfloat16(), (pb.cache.k.bfloat16(), pb.cache.v.bfloat16()),
+                                 pb.cache.block_table, pb.indices, num_splits=2)
+    assert o.dtype == torch.float16 and lse.dtype == torch.float32
+    assert torch.equal(o, ro.half()) and torch.equal(lse, rlse)
+    assert not torch.equal(ro, ext.sparse_decode(pb.q, cache, pb.cache.block_table, pb.indices,
+                                                 num_splits=2)[0])   # bf16 inputs did change o
+
+
 def test_empty_rows_and_merge():
     pb = decode_problem(B=2, HQ=4, HKV=2, D=16, seqlen=40, budget=16, dtype=torch.float32)
     idx = pb.indices.clone()

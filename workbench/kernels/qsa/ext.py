@@ -24,9 +24,10 @@ import torch
 
 from workbench.errors import BackendUnavailableError, KernelArgumentError
 from workbench.kernels import _native
-from workbench.kernels.qsa.paged import unpack_cache, visit_slots
+from workbench.kernels.qsa._compiled import decode_with_io_policy
+from workbench.kernels.qsa.paged import visit_slots
 from workbench.kernels.qsa.torch_ref import split_layout
-from workbench.numerics.dtypes import canonical, torch_dtype
+from workbench.numerics.dtypes import canonical
 from workbench.numerics.policy import resolve_policy
 
 __all__ = ["sparse_decode", "merge_states", "is_available", "cuda_launch"]
@@ -158,13 +159,7 @@ def _launch(q, k, v, block_table, indices, scale, num_splits, policy):
 def sparse_decode(q, kv_cache, block_table, indices, *, scale=None, num_splits=None, policy=None):
     policy = resolve_policy(policy)
     _check_policy(policy)
-    k, v = unpack_cache(kv_cache)
-    if policy.input_dtype is not None:
-        q, k, v = (t.to(torch_dtype(policy.input_dtype)) for t in (q, k, v))
-    o, lse = _launch(q, k, v, block_table, indices, scale, num_splits, policy)
-    if policy.output_dtype is not None:
-        o = o.to(torch_dtype(policy.output_dtype))
-    return o, lse
+    return decode_with_io_policy(_launch, q, kv_cache, block_table, indices, scale, num_splits, policy)
 
 
 def merge_states(o_parts, lse_parts, *, policy=None):
