@@ -14,18 +14,19 @@
 //      (I + A)^-1 in float32 (gdn_mma.h); W = (I + A)^-1 (beta exp(gc) K) and
 //      U = (I + A)^-1 (beta V) by blocked forward substitution with mma, a warp per 32 columns.
 //   2. state pass, one block of 8 warps per (b, hv, 32 value columns), sequential over chunks: the
-//      state tile lives in mma accumulators; per chunk U <- U - W S, S is saved for phase 3 (Sh),
-//      and S <- exp(gc_last) S + K^T (exp(gc_last - gc_j) U_j); the next chunk's W, K, U tile and
-//      decays are copied into shared memory (cp.async) while this one computes.
-//   3. output, one block per (b, hv, chunk): o = scale (exp(gc_i) q_i S + sum_{j<=i} P_ij U_j) with
-//      P = (Q K^T) * exp(gc_i - gc_j), both products by mma; P is computed while S and U arrive.
+//      state tile lives in mma accumulators; per chunk U <- U - W S, the inter-chunk part of the
+//      output O1 = exp(gc_i) q_i S (from the same rounded S, for phase 3), and
+//      S <- exp(gc_last) S + K^T (exp(gc_last - gc_j) U_j); the next chunk's W, K, U tile, decays
+//      and queries are copied into shared memory (cp.async) while this one computes.
+//   3. output, one block per (b, hv, chunk), two per SM: o = scale (O1_i + sum_{j<=i} P_ij U_j)
+//      with P = (Q K^T) * exp(gc_i - gc_j) by mma, written over the keys in shared memory.
 // All kernels are templated on K (and V) so that tile strides and loop bounds are constants:
 // fragment addresses are then a base register plus immediates. Within each k-step of 8, slot t
 // of the fragments holds k = 2t and slot t + 4 holds k = 2t + 1 (any pairing of k with slots
 // gives the same product), so operands stored with k contiguous load as 8-byte pairs; tile row
 // strides are 8 mod 32 floats for those and 4 mod 16 for operands read across k rows, which
 // keeps the loads free of bank conflicts.
-// Workspace (float32): gcum [B,HV,T], W [B,HV,T,K], U [B,HV,T,V], Sh [B,HV,NC,K,V]. o is written
+// Workspace (float32): gcum [B,HV,T], W [B,HV,T,K], U [B,HV,T,V], O1 [B,HV,T,V]. o is written
 // in float32, bf16 or fp16 (rounded to nearest even from the float32 result).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -36,10 +37,6 @@
 #include "gdn/gdn_mma.h"
 
 namespace {
-
-struct BlockSync {
-  __device__ __forceinline__ void operator()() const { __syncthreads(); }
-};
 
 constexpr int kC = 64;         // chunk length
 constexpr int kPS = kC + 8;    // row stride of the C x C tiles (A, X, P)
@@ -370,8 +367,8 @@ struct PassStage {
 template <int K>
 struct PassSmem {
   static constexpr int SST = K + 8, SUT = kC + 8;
-  static constexpr int Ss = 2 * PassStage<K>::floats, Ud = Ss + kBV * SST,
-                       floats = Ud + kBV * SUT;
+  static constexpr int Ss = 2 * PassStage<K>::floats, Ud = Ss + kBV * SST, Qs = Ud + kBV * SUT,
+                       floats = Qs + kC * PassStage<K>::SW;
 };
 
 // 8 warps. W S: warp w owns rows 16 (w % 4).., columns 16 (w / 4).., its K-long sums split in two
@@ -379,9 +376,10 @@ struct PassSmem {
 // all 32 columns; K = 64, rows 16 (w % 4).., columns 16 (w / 4)..
 template <int K>
 __global__ void __launch_bounds__(kThreads, 1)
-mma_state_pass(const float* __restrict__ k, const float* __restrict__ gcum,
-               const float* __restrict__ W, float* __restrict__ U, float* __restrict__ Sh,
-               float* __restrict__ state, int T, int H, int HV, int V, int NC) {
+mma_state_pass(const float* __restrict__ q, const float* __restrict__ k,
+               const float* __restrict__ gcum, const float* __restrict__ W,
+               float* __restrict__ U, float* __restrict__ O1, float* __restrict__ state, int T,
+               int H, int HV, int V, int NC) {
   using P = PassStage<K>;
   using M = PassSmem<K>;
   constexpr int SST = M::SST, SUT = M::SUT, NT3 = K == 128 ? 4 : 2;
@@ -389,6 +387,7 @@ mma_state_pass(const float* __restrict__ k, const float* __restrict__ gcum,
   float* sm = reinterpret_cast<float*>(smem4);
   float* Ss = sm + M::Ss;  // [BV][SST]  tf32(state tile), transposed: the B operand of W S
   float* Ud = sm + M::Ud;  // [BV][SUT]  tf32(exp(gc_last - gc_j) U_j), transposed
+  float* Qs = sm + M::Qs;  // [C][SW]   the chunk's queries, raw (one stage)
   const int b = blockIdx.x / HV, hv = blockIdx.x % HV, h = hv / (HV / H), c0 = blockIdx.y * kBV;
   const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, gq = lane >> 2, tq = lane & 3;
   const int r3 = K == 128 ? 16 * w : 16 * (w & 3), n3 = K == 128 ? 0 : 16 * (w >> 2);
@@ -417,12 +416,17 @@ mma_state_pass(const float* __restrict__ k, const float* __restrict__ gcum,
     }
     cp_commit();
   };
+  auto issue_q = [&](int n) {
+    const int t0 = n * kC, L = gdn::imin(kC, T - t0);
+    load_tile<kC, K, P::SW>(Qs, q + gdn::qk_index(b, t0, h, T, H, K), (long)H * K, L, tid);
+    cp_commit();
+  };
   issue(0);
+  issue_q(0);
   for (int n = 0; n < NC; ++n) {
     const int t0 = n * kC, L = gdn::imin(kC, T - t0);
     if (n + 1 < NC) issue(n + 1);
-    // the state before this chunk, rounded: to shared memory (B operand) and to Sh (phase 3)
-    float* sh = Sh + (((long)b * HV + hv) * NC + n) * (long)K * V + c0;
+    // the state before this chunk, rounded, to shared memory (the B operand of W S and Q S)
 #pragma unroll
     for (int nt = 0; nt < NT3; ++nt)
 #pragma unroll
@@ -431,7 +435,6 @@ mma_state_pass(const float* __restrict__ k, const float* __restrict__ gcum,
         const float x0 = rtf32(s[0][nt][2 * hf]), x1 = rtf32(s[0][nt][2 * hf + 1]);
         Ss[c * SST + r] = x0;
         Ss[(c + 1) * SST + r] = x1;
-        *reinterpret_cast<float2*>(sh + (long)r * V + c) = make_float2(x0, x1);
       }
     if (n + 1 < NC) cp_wait<1>();
     else cp_wait<0>();
@@ -447,6 +450,27 @@ mma_state_pass(const float* __restrict__ k, const float* __restrict__ gcum,
       const float* sbn = Ss + n1 * SST;
       gemm<1, 2, K / 2, P::SW, 1, 1, SST>(ws, wa, sbn, lane);
       gemm<1, 2, K / 2, P::SW, 1, 1, SST>(w2, wa + K / 2, sbn + K / 2, lane);
+      {  // the inter-chunk part of o, O1 = exp(gc_i) q_i S (float32), for phase 3
+        float qs[1][2][4], q2[1][2][4];
+        zero(qs);
+        zero(q2);
+        const float* qa = Qs + r1 * P::SW;
+        gemm<1, 2, K / 2, P::SW, 1, 1, SST, true>(qs, qa, sbn, lane);
+        gemm<1, 2, K / 2, P::SW, 1, 1, SST, true>(q2, qa + K / 2, sbn + K / 2, lane);
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+          const int i = r1 + gq + 8 * hf;
+          if (i >= L) continue;
+          const float e = expf(gc[i]);
+#pragma unroll
+          for (int nt = 0; nt < 2; ++nt) {
+            const int c = n1 + nt * 8 + 2 * tq;
+            *reinterpret_cast<float2*>(O1 + gdn::ws_row(b, hv, t0 + i, HV, T) * V + c0 + c) =
+                make_float2(e * (qs[0][nt][2 * hf] + q2[0][nt][2 * hf]),
+                            e * (qs[0][nt][2 * hf + 1] + q2[0][nt][2 * hf + 1]));
+          }
+        }
+      }
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf) {
         const int i = r1 + gq + 8 * hf;
@@ -466,6 +490,7 @@ mma_state_pass(const float* __restrict__ k, const float* __restrict__ gcum,
       }
     }
     __syncthreads();
+    if (n + 1 < NC) issue_q(n + 1);  // every warp is done with this chunk's queries
     // S <- exp(gc_last) S + K^T Ud (A(i, j) = K[j][i], raw keys rounded at the fragment load)
     const float el = expf(gl);
 #pragma unroll
@@ -487,27 +512,29 @@ mma_state_pass(const float* __restrict__ k, const float* __restrict__ gcum,
 
 // ------------------------------------------------------------------------------------- output
 
+// o = scale (O1 + P U), O1 = exp(gc_i) q_i S from the state pass. P is computed from the
+// rounded queries and keys and then written over the keys, so that a block needs about 100 KB
+// of shared memory and two fit on an SM.
 template <int K, int V>
 struct OutSmem {
   static constexpr int SK = K + 8, SV = V + 4;
-  static constexpr int Qs = 0, Ks = Qs + kC * SK, Ps = Ks + kC * SK, Ss = Ps + kC * kPS,
-                       Us = Ss + K * SV, gc = Us + kC * SV, floats = gc + kC;
+  static constexpr int Qs = 0, Ks = Qs + kC * SK, Us = Ks + kC * SK, gc = Us + kC * SV,
+                       floats = gc + kC;
+  static_assert(kC * kPS <= kC * SK, "P fits where the keys were");
 };
 
 template <int K, int V>
-__global__ void __launch_bounds__(kThreads, 1)
+__global__ void __launch_bounds__(kThreads, 2)
 mma_output(const float* __restrict__ q, const float* __restrict__ k,
-           const float* __restrict__ gcum, const float* __restrict__ U,
-           const float* __restrict__ Sh, void* __restrict__ o, int T, int H, int HV, float scale,
-           int odt, int NC) {
+             const float* __restrict__ gcum, const float* __restrict__ U,
+             const float* __restrict__ O1, void* __restrict__ o, int T, int H, int HV,
+             float scale, int odt, int NC) {
   using S = OutSmem<K, V>;
-  constexpr int SK = S::SK, SV = S::SV;
+  constexpr int SK = S::SK, SV = S::SV, NB = (V / 32 + 1) / 2;
   extern __shared__ float4 smem4[];
   float* sm = reinterpret_cast<float*>(smem4);
   float* Qs = sm + S::Qs;  // [C][SK]  queries, rounded in place
-  float* Ks = sm + S::Ks;  // [C][SK]  keys, rounded in place
-  float* Ps = sm + S::Ps;  // [C][PS]  tf32(P)
-  float* Ss = sm + S::Ss;  // [K][SV]  the state before the chunk (rounded by the state pass)
+  float* Ks = sm + S::Ks;  // [C][SK]  keys, rounded in place; then tf32(P) [C][PS]
   float* Us = sm + S::Us;  // [C][SV]  the chunk's U (rounded by the state pass)
   float* gc = sm + S::gc;  // [C]
   const int bh = blockIdx.x / NC, n = blockIdx.x % NC, b = bh / HV, hv = bh % HV;
@@ -516,46 +543,53 @@ mma_output(const float* __restrict__ q, const float* __restrict__ k,
   load_tile<kC, K, SK>(Qs, q + gdn::qk_index(b, t0, h, T, H, K), (long)H * K, L, tid);
   load_tile<kC, K, SK>(Ks, k + gdn::qk_index(b, t0, h, T, H, K), (long)H * K, L, tid);
   cp_commit();
-  // second group: the state before the chunk and U, in flight while P is computed
-  load_tile<K, V, SV>(Ss, Sh + ((long)bh * NC + n) * (long)K * V, V, K, tid);
   load_tile<kC, V, SV>(Us, U + gdn::ws_row(b, hv, t0, HV, T) * V, V, L, tid);
   cp_commit();
   if (tid < kC) gc[tid] = tid < L ? gcum[gdn::ws_row(b, hv, t0 + tid, HV, T)] : 0.f;
+  // the warp's output tiles (16 rows x 32 columns, row block alternating as below) start from O1
+  float acc[NB][1][4][4];
+#pragma unroll
+  for (int jb = 0; jb < NB; ++jb) {
+    const int nb = (w >> 2) + 2 * jb, i0 = 16 * ((jb & 1) ? 3 - (w & 3) : (w & 3));
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        const int i = i0 + gq + 8 * hf, c = nb * 32 + nt * 8 + 2 * tq;
+        float2 x = make_float2(0.f, 0.f);
+        if (nb < V / 32 && i < L)
+          x = *reinterpret_cast<const float2*>(O1 + gdn::ws_row(b, hv, t0 + i, HV, T) * V + c);
+        acc[jb][0][nt][2 * hf] = x.x;
+        acc[jb][0][nt][2 * hf + 1] = x.y;
+      }
+  }
   cp_wait<1>();
   round_tile<kC, K, SK>(Qs, L, tid);
   round_tile<kC, K, SK>(Ks, L, tid);
   __syncthreads();
   {  // P = (Q K^T) exp(gc_i - gc_j), lower triangle with the diagonal
     const int i0 = (w & 3) * 16, n0 = (w >> 2) * 32;
-    float acc[1][4][4];
-    zero(acc);
-    if (n0 <= i0 + 15) gemm<1, 4, K, SK, 1, 1, SK>(acc, Qs + i0 * SK, Ks + n0 * SK, lane);
+    float pa[1][4][4];
+    zero(pa);
+    if (n0 <= i0 + 15) gemm<1, 4, K, SK, 1, 1, SK>(pa, Qs + i0 * SK, Ks + n0 * SK, lane);
+    __syncthreads();  // every warp is done with the keys
+    float* Ps = Ks;
 #pragma unroll
     for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
       for (int r = 0; r < 4; ++r) {
         const int i = i0 + gq + 8 * (r >> 1), j = n0 + nt * 8 + 2 * tq + (r & 1);
-        Ps[i * kPS + j] = j <= i ? rtf32(acc[0][nt][r] * expf(gc[i] - gc[j])) : 0.f;
+        Ps[i * kPS + j] = j <= i ? rtf32(pa[0][nt][r] * expf(gc[i] - gc[j])) : 0.f;
       }
   }
   cp_wait<0>();
   __syncthreads();
-  // 16-row x 32-column output tiles; P U is triangular, so a warp alternates row blocks r and
-  // 3 - r over its column blocks to even out the work
-  for (int nb = w >> 2, j = 0; nb < V / 32; nb += 2, ++j) {
-    const int i0 = 16 * ((j & 1) ? 3 - (w & 3) : (w & 3));
-    const float e0 = expf(gc[i0 + gq]), e1 = expf(gc[i0 + gq + 8]);
-    float acc[1][4][4];
-    zero(acc);
-    gemm<1, 4, K, SK, 1, SV, 1>(acc, Qs + i0 * SK, Ss + nb * 32, lane);
+  const float* Ps = Ks;
 #pragma unroll
-    for (int nt = 0; nt < 4; ++nt) {
-      acc[0][nt][0] *= e0;
-      acc[0][nt][1] *= e0;
-      acc[0][nt][2] *= e1;
-      acc[0][nt][3] *= e1;
-    }
-    gemm_to<1, 4, kPS, 1, SV, 1>(acc, Ps + i0 * kPS, Us + nb * 32, i0 + 16, lane);
+  for (int jb = 0; jb < NB; ++jb) {
+    const int nb = (w >> 2) + 2 * jb, i0 = 16 * ((jb & 1) ? 3 - (w & 3) : (w & 3));
+    if (nb >= V / 32) continue;
+    gemm_to<1, 4, kPS, 1, SV, 1>(acc[jb], Ps + i0 * kPS, Us + nb * 32, i0 + 16, lane);
 #pragma unroll
     for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
@@ -563,7 +597,7 @@ mma_output(const float* __restrict__ q, const float* __restrict__ k,
         const int i = i0 + gq + 8 * hf, c = nb * 32 + nt * 8 + 2 * tq;
         if (i >= L) continue;
         const long at = gdn::v_index(b, t0 + i, hv, T, HV, V) + c;
-        const float y0 = scale * acc[0][nt][2 * hf], y1 = scale * acc[0][nt][2 * hf + 1];
+        const float y0 = scale * acc[jb][0][nt][2 * hf], y1 = scale * acc[jb][0][nt][2 * hf + 1];
         if (odt == 1)
           reinterpret_cast<__nv_bfloat162*>(o)[at / 2] = __floats2bfloat162_rn(y0, y1);
         else if (odt == 2)
@@ -583,19 +617,19 @@ cudaError_t allow_smem(F* kernel, size_t bytes) {
 
 template <int K, int V>
 int launch_mma(const float* q, const float* k, const float* v, const float* g, const float* beta,
-               void* o, float* state, float* gcum, float* W, float* U, float* Sh, int B, int T,
+               void* o, float* state, float* gcum, float* W, float* U, float* O1, int B, int T,
                int H, int HV, float scale, int odt, cudaStream_t s) {
   const int NC = (T + kC - 1) / kC;
-  const size_t s1 = sizeof(float) * PrepSmem<K, V>::floats,
-               s2 = sizeof(float) * PassSmem<K>::floats, s3 = sizeof(float) * OutSmem<K, V>::floats;
+  const size_t s1 = sizeof(float) * PrepSmem<K, V>::floats;
   cudaError_t err;
   if ((err = allow_smem(mma_prepare<K, V>, s1)) != cudaSuccess) return (int)err;
+  mma_prepare<K, V><<<B * HV * NC, kThreads, s1, s>>>(k, v, g, beta, gcum, W, U, T, H, HV, NC);
+  const size_t s2 = sizeof(float) * PassSmem<K>::floats, s3 = sizeof(float) * OutSmem<K, V>::floats;
   if ((err = allow_smem(mma_state_pass<K>, s2)) != cudaSuccess) return (int)err;
   if ((err = allow_smem(mma_output<K, V>, s3)) != cudaSuccess) return (int)err;
-  mma_prepare<K, V><<<B * HV * NC, kThreads, s1, s>>>(k, v, g, beta, gcum, W, U, T, H, HV, NC);
-  mma_state_pass<K><<<dim3(B * HV, V / kBV), kThreads, s2, s>>>(k, gcum, W, U, Sh, state, T, H,
+  mma_state_pass<K><<<dim3(B * HV, V / kBV), kThreads, s2, s>>>(q, k, gcum, W, U, O1, state, T, H,
                                                                  HV, V, NC);
-  mma_output<K, V><<<B * HV * NC, kThreads, s3, s>>>(q, k, gcum, U, Sh, o, T, H, HV, scale, odt,
+  mma_output<K, V><<<B * HV * NC, kThreads, s3, s>>>(q, k, gcum, U, O1, o, T, H, HV, scale, odt,
                                                     NC);
   return (int)cudaGetLastError();
 }
@@ -603,9 +637,9 @@ int launch_mma(const float* q, const float* k, const float* v, const float* g, c
 template <int K>
 int launch_mma_v(const float* q, const float* k, const float* v, const float* g,
                  const float* beta, void* o, float* state, float* gcum, float* W, float* U,
-                 float* Sh, int B, int T, int H, int HV, int V, float scale, int odt,
+                 float* O1, int B, int T, int H, int HV, int V, float scale, int odt,
                  cudaStream_t s) {
-#define GDN_MMA_ARGS q, k, v, g, beta, o, state, gcum, W, U, Sh, B, T, H, HV, scale, odt, s
+#define GDN_MMA_ARGS q, k, v, g, beta, o, state, gcum, W, U, O1, B, T, H, HV, scale, odt, s
   switch (V) {
     case 32: return launch_mma<K, 32>(GDN_MMA_ARGS);
     case 64: return launch_mma<K, 64>(GDN_MMA_ARGS);
@@ -626,17 +660,17 @@ int gdn_chunked_mma_supported(int K, int V) {
 }
 
 // Tensor-core chunked prefill (chunk 64, fp32 accumulators, tf32 operands). Workspace: gcum
-// [B,HV,T], W [B,HV,T,K], U [B,HV,T,V], Sh [B,HV,ceil(T/64),K,V], float32, provided by the caller.
+// [B,HV,T], W [B,HV,T,K], U [B,HV,T,V], O1 [B,HV,T,V], float32, provided by the caller.
 // o_dtype: 0 float32, 1 bf16, 2 fp16 (o's element type). Returns 0, a cudaError_t code, or -1 for
 // a shape gdn_chunked_mma_supported refuses or an unknown o_dtype.
 int gdn_chunked_mma_cuda(const float* q, const float* k, const float* v, const float* g,
                          const float* beta, void* o, float* state, float* gcum, float* W,
-                         float* U, float* Sh, int B, int T, int H, int HV, int K, int V,
+                         float* U, float* O1, int B, int T, int H, int HV, int K, int V,
                          float scale, int o_dtype, void* stream) {
   if (!gdn_chunked_mma_supported(K, V) || o_dtype < 0 || o_dtype > 2) return -1;
   auto s = static_cast<cudaStream_t>(stream);
-  return K == 128 ? launch_mma_v<128>(q, k, v, g, beta, o, state, gcum, W, U, Sh, B, T, H, HV, V, scale, o_dtype, s)
-                  : launch_mma_v<64>(q, k, v, g, beta, o, state, gcum, W, U, Sh, B, T, H, HV, V, scale, o_dtype, s);
+  return K == 128 ? launch_mma_v<128>(q, k, v, g, beta, o, state, gcum, W, U, O1, B, T, H, HV, V, scale, o_dtype, s)
+                  : launch_mma_v<64>(q, k, v, g, beta, o, state, gcum, W, U, O1, B, T, H, HV, V, scale, o_dtype, s);
 }
 
 }  // extern "C"

@@ -154,7 +154,8 @@ def launch(op, s, C, acc64, tensors, state, o, path="scalar"):
     if op == "recurrent":
         rc = getattr(lib, f"gdn_recurrent_{kind}")(*ptrs, *dims, s.scale, acc64, *extra)
     else:
-        # workspace of the three-phase chunked form: gcum, W, U (and the mma path's per-chunk states)
+        # workspace of the three-phase chunked form: gcum, W, U (and the mma path's O1, the
+        # inter-chunk part of o that its state pass computes for the output pass)
         f32 = dict(dtype=torch.float32, device=q.device)
         ws = (torch.empty(s.B, s.HV, s.T, **f32), torch.empty(s.B, s.HV, s.T, s.K, **f32),
               torch.empty(s.B, s.HV, s.T, s.V, **f32))
@@ -162,12 +163,11 @@ def launch(op, s, C, acc64, tensors, state, o, path="scalar"):
             if not mma_fits(s, C, acc64):
                 raise KernelArgumentError(f"path: the mma path does not take chunk {C}, K={s.K}, "
                                           f"V={s.V}, acc64={acc64}", key="backend")
-            nc = (s.T + C - 1) // C
-            sh = torch.empty(s.B, s.HV, nc, s.K, s.V, **f32)
+            o1 = torch.empty(s.B, s.HV, s.T, s.V, **f32)
             if o.dtype not in MMA_OUT:
                 raise KernelArgumentError(f"o: the mma path writes {list(MMA_OUT)}, got {o.dtype}",
                                           key="o")
-            rc = lib.gdn_chunked_mma_cuda(*ptrs, *(w.data_ptr() for w in (*ws, sh)), *dims,
+            rc = lib.gdn_chunked_mma_cuda(*ptrs, *(w.data_ptr() for w in (*ws, o1)), *dims,
                                           s.scale, MMA_OUT[o.dtype], *extra)
             if rc != 0:
                 raise BackendUnavailableError(f"native gdn chunked (cuda, mma) failed with code {rc}",
