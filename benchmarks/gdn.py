@@ -142,10 +142,14 @@ def _runners(x, op):
         run["ext_api"] = lambda: gdn.recurrent(**x, backend="ext")
     else:
         run["numba"] = lambda: numba_cuda.launch("chunked", s, 64, tensors, st_n, o)
-        path = ext.cuda_path(s, 64, 0, x["q"].dtype)
-        # the mma path writes o in the output dtype (bf16 here, as fla does); scalar writes fp32
+        # what the API hands the kernels: on the mma path bf16 q, k, v as given, and o written in
+        # the output dtype (bf16 here, as fla does); the scalar path reads and writes float32
+        _, _, _, _, t_api, _, _, path = ext.staged("chunked", **x)
         o_ext = o.to(x["v"].dtype) if path == "mma" else o
-        run["ext"] = lambda: ext.launch("chunked", s, 64, 0, tensors, st_e, o_ext, path=path)
+        run["ext"] = lambda: ext.launch("chunked", s, 64, 0, t_api, st_e, o_ext, path=path)
+        if path == "mma":  # the same kernels fed float32-widened q, k, v
+            run["ext_f32_inputs"] = lambda: ext.launch("chunked", s, 64, 0, tensors, st_e, o_ext,
+                                                       path=path)
         run["ext_scalar"] = lambda: ext.launch("chunked", s, 64, 0, tensors, st_e, o,
                                                path="scalar")
         if s.T <= 8192:

@@ -26,12 +26,18 @@
 // gives the same product), so operands stored with k contiguous load as 8-byte pairs; tile row
 // strides are 8 mod 32 floats for those and 4 mod 16 for operands read across k rows, which
 // keeps the loads free of bank conflicts.
+// q, k, v are read as float32 or, as the caller gave them, bf16 / fp16 (each kernel is templated
+// on that type, QT): a 16-bit value is exact in tf32, so the result is the same bit for bit as
+// with the values widened to float32 first, for half the bytes of q and k in the state pass and
+// the output (and of k, v in prepare, which widens them in shared memory).
 // Workspace (float32): gcum [B,HV,T], W [B,HV,T,K], U [B,HV,T,V], O1 [B,HV,T,V]. o is written
 // in float32, bf16 or fp16 (rounded to nearest even from the float32 result).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
+
+#include <type_traits>
 
 #include "gdn/gdn_common.h"
 #include "gdn/gdn_mma.h"
@@ -61,6 +67,23 @@ __device__ __forceinline__ uint32_t opnd(float x) {
   }
 }
 
+// Elements of the staged inputs q, k, v: float32, or bf16 / fp16 as the caller gave them (exact
+// in tf32: nothing to round at the fragment loads). Scalar and pair reads, widened to float.
+__device__ __forceinline__ float to_f(float x) { return x; }
+__device__ __forceinline__ float to_f(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float to_f(__half x) { return __half2float(x); }
+__device__ __forceinline__ float2 ld2(const float* p) {
+  return *reinterpret_cast<const float2*>(p);
+}
+__device__ __forceinline__ float2 ld2(const __nv_bfloat16* p) {
+  return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(p));
+}
+__device__ __forceinline__ float2 ld2(const __half* p) {
+  return __half22float2(*reinterpret_cast<const __half2*>(p));
+}
+template <typename T>
+constexpr bool is_f32 = std::is_same<T, float>::value;
+
 __device__ __forceinline__ void mma8(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
                                      uint32_t b1) {
   asm volatile(
@@ -72,39 +95,42 @@ __device__ __forceinline__ void mma8(float (&d)[4], const uint32_t (&a)[4], uint
 
 // One k-step of 8 for one warp. A and B are already offset to this lane's fragment elements and
 // to the k-step; (i, k) of A at A[i * AI + k * AK], (k, n) of B at B[k * BK + n * BN]; slot t
-// holds k = 2t, slot t + 4 holds k = 2t + 1 (8-byte loads where AK or BK is 1). CA/CB: round
-// the operand to tf32 here (raw float32 in shared memory) rather than rely on it being rounded.
-template <int MT, int NT, int AI, int AK, int BK, int BN, bool CA, bool CB>
-__device__ __forceinline__ void kstep(float (&acc)[MT][NT][4], const float* A, const float* B) {
+// holds k = 2t, slot t + 4 holds k = 2t + 1 (pair loads where AK or BK is 1). CA/CB: round a
+// float32 operand to tf32 here (raw float32 in shared memory) rather than rely on it being
+// rounded; bf16 / fp16 operands are exact in tf32.
+template <int MT, int NT, int AI, int AK, int BK, int BN, bool CA, bool CB, typename TA,
+          typename TB>
+__device__ __forceinline__ void kstep(float (&acc)[MT][NT][4], const TA* A, const TB* B) {
+  constexpr bool ca = CA && is_f32<TA>, cb = CB && is_f32<TB>;
   uint32_t a[MT][4];
 #pragma unroll
   for (int m = 0; m < MT; ++m) {
-    const float* p = A + m * 16 * AI;
+    const TA* p = A + m * 16 * AI;
     if constexpr (AK == 1) {
-      const float2 lo = *reinterpret_cast<const float2*>(p);
-      const float2 hi = *reinterpret_cast<const float2*>(p + 8 * AI);
-      a[m][0] = opnd<CA>(lo.x);
-      a[m][2] = opnd<CA>(lo.y);
-      a[m][1] = opnd<CA>(hi.x);
-      a[m][3] = opnd<CA>(hi.y);
+      const float2 lo = ld2(p);
+      const float2 hi = ld2(p + 8 * AI);
+      a[m][0] = opnd<ca>(lo.x);
+      a[m][2] = opnd<ca>(lo.y);
+      a[m][1] = opnd<ca>(hi.x);
+      a[m][3] = opnd<ca>(hi.y);
     } else {
-      a[m][0] = opnd<CA>(p[0]);
-      a[m][2] = opnd<CA>(p[AK]);
-      a[m][1] = opnd<CA>(p[8 * AI]);
-      a[m][3] = opnd<CA>(p[8 * AI + AK]);
+      a[m][0] = opnd<ca>(to_f(p[0]));
+      a[m][2] = opnd<ca>(to_f(p[AK]));
+      a[m][1] = opnd<ca>(to_f(p[8 * AI]));
+      a[m][3] = opnd<ca>(to_f(p[8 * AI + AK]));
     }
   }
 #pragma unroll
   for (int n = 0; n < NT; ++n) {
-    const float* p = B + n * 8 * BN;
+    const TB* p = B + n * 8 * BN;
     uint32_t b0, b1;
     if constexpr (BK == 1) {
-      const float2 x = *reinterpret_cast<const float2*>(p);
-      b0 = opnd<CB>(x.x);
-      b1 = opnd<CB>(x.y);
+      const float2 x = ld2(p);
+      b0 = opnd<cb>(x.x);
+      b1 = opnd<cb>(x.y);
     } else {
-      b0 = opnd<CB>(p[0]);
-      b1 = opnd<CB>(p[BK]);
+      b0 = opnd<cb>(to_f(p[0]));
+      b1 = opnd<cb>(to_f(p[BK]));
     }
 #pragma unroll
     for (int m = 0; m < MT; ++m) mma8(acc[m][n], a[m], b0, b1);
@@ -114,8 +140,9 @@ __device__ __forceinline__ void kstep(float (&acc)[MT][NT][4], const float* A, c
 // One warp: acc[m][n] += A[16m.., 0:KD] B[0:KD, 8n..], A and B pointing at the warp's tile origin.
 // Fragment element r of acc[m][n] is row 16m + g + 8 (r / 2), column 8n + 2t + (r % 2) of the
 // tile, g = lane / 4, t = lane % 4.
-template <int MT, int NT, int KD, int AI, int AK, int BK, int BN, bool CA = false, bool CB = false>
-__device__ __forceinline__ void gemm(float (&acc)[MT][NT][4], const float* A, const float* B,
+template <int MT, int NT, int KD, int AI, int AK, int BK, int BN, bool CA = false, bool CB = false,
+          typename TA, typename TB>
+__device__ __forceinline__ void gemm(float (&acc)[MT][NT][4], const TA* A, const TB* B,
                                      int lane) {
   const int g = lane >> 2, t = lane & 3;
   A += g * AI + 2 * t * AK;
@@ -147,7 +174,7 @@ __device__ __forceinline__ void zero(float (&acc)[MT][NT][4]) {
       for (int r = 0; r < 4; ++r) acc[m][n][r] = 0.f;
 }
 
-__device__ __forceinline__ void cp16(float* dst, const float* src) {
+__device__ __forceinline__ void cp16(void* dst, const void* src) {
   const unsigned s = (unsigned)__cvta_generic_to_shared(dst);
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(src));
 }
@@ -159,19 +186,50 @@ __device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_grou
 template <int N>
 __device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N)); }
 
-// ROWS x COLS floats (COLS % 4 == 0) from global rows of stride sst into shared rows of stride LD,
-// 16 bytes per cp.async, thread tid of NT taking pieces tid, tid + NT, ...; rows >= L are
-// zero-filled.
-template <int ROWS, int COLS, int LD, int NT = kThreads>
-__device__ __forceinline__ void load_tile(float* dst, const float* src, long sst, int L, int tid) {
-  constexpr int C4 = COLS / 4, N = ROWS * C4;
+// ROWS x COLS elements (16 bytes a multiple of a row) from global rows of stride sst into shared
+// rows of stride LD (elements; 16-byte aligned rows), 16 bytes per cp.async, thread tid of NT
+// taking pieces tid, tid + NT, ...; rows >= L are zero-filled.
+template <int ROWS, int COLS, int LD, int NT = kThreads, typename T>
+__device__ __forceinline__ void load_tile(T* dst, const T* src, long sst, int L, int tid) {
+  constexpr int E = 16 / sizeof(T), C4 = COLS / E, N = ROWS * C4;
+  static_assert(COLS % E == 0 && (LD * sizeof(T)) % 16 == 0, "16-byte pieces");
 #pragma unroll
   for (int it = 0; it < (N + NT - 1) / NT; ++it) {
     const int idx = tid + it * NT;
     if (N % NT == 0 || idx < N) {
-      const int r = idx / C4, c = (idx % C4) * 4;
+      const int r = idx / C4, c = (idx % C4) * E;
       if (r < L) cp16(dst + r * LD + c, src + r * sst + c);
       else *reinterpret_cast<float4*>(dst + r * LD + c) = make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+  }
+}
+
+// The same into float32 shared rows: float32 sources by cp.async (load_tile), bf16 / fp16
+// sources by 16-byte loads widened to float32 here (synchronous).
+template <int ROWS, int COLS, int LD, typename T>
+__device__ __forceinline__ void load_tile_f32(float* dst, const T* src, long sst, int L, int tid) {
+  if constexpr (is_f32<T>) {
+    load_tile<ROWS, COLS, LD>(dst, src, sst, L, tid);
+  } else {
+    constexpr int C8 = COLS / 8, N = ROWS * C8, IT = (N + kThreads - 1) / kThreads;
+    static_assert(COLS % 8 == 0, "16-byte pieces");
+    uint4 raw[IT];
+#pragma unroll
+    for (int it = 0; it < IT; ++it) {  // every load in flight before the first is used
+      const int idx = tid + it * kThreads, r = idx / C8, c = (idx % C8) * 8;
+      raw[it] = (N % kThreads == 0 || idx < N) && r < L
+                    ? __ldg(reinterpret_cast<const uint4*>(src + r * sst + c))
+                    : make_uint4(0u, 0u, 0u, 0u);
+    }
+#pragma unroll
+    for (int it = 0; it < IT; ++it) {
+      const int idx = tid + it * kThreads, r = idx / C8, c = (idx % C8) * 8;
+      if (N % kThreads == 0 || idx < N) {
+        const T* e = reinterpret_cast<const T*>(&raw[it]);
+        float4* d = reinterpret_cast<float4*>(dst + r * LD + c);
+        d[0] = make_float4(to_f(e[0]), to_f(e[1]), to_f(e[2]), to_f(e[3]));
+        d[1] = make_float4(to_f(e[4]), to_f(e[5]), to_f(e[6]), to_f(e[7]));
+      }
     }
   }
 }
@@ -251,9 +309,9 @@ __device__ __forceinline__ void solve_block_columns(const float* As, const float
   }
 }
 
-template <int K, int V>
+template <int K, int V, typename QT>
 __global__ void __launch_bounds__(kThreads, 2)
-mma_prepare(const float* __restrict__ k, const float* __restrict__ v, const float* __restrict__ g,
+mma_prepare(const QT* __restrict__ k, const QT* __restrict__ v, const float* __restrict__ g,
             const float* __restrict__ beta, float* __restrict__ gcum, float* __restrict__ W,
             float* __restrict__ U, int T, int H, int HV, int NC) {
   using S = PrepSmem<K, V>;
@@ -270,8 +328,8 @@ mma_prepare(const float* __restrict__ k, const float* __restrict__ v, const floa
   const int bh = blockIdx.x / NC, n = blockIdx.x % NC, b = bh / HV, hv = bh % HV;
   const int h = hv / (HV / H), t0 = n * kC, L = gdn::imin(kC, T - t0);
   const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, gq = lane >> 2, tq = lane & 3;
-  load_tile<kC, K, SK>(Ks, k + gdn::qk_index(b, t0, h, T, H, K), (long)H * K, L, tid);
-  load_tile<kC, V, SV>(Vs, v + gdn::v_index(b, t0, hv, T, HV, V), (long)HV * V, L, tid);
+  load_tile_f32<kC, K, SK>(Ks, k + gdn::qk_index(b, t0, h, T, H, K), (long)H * K, L, tid);
+  load_tile_f32<kC, V, SV>(Vs, v + gdn::v_index(b, t0, hv, T, HV, V), (long)HV * V, L, tid);
   cp_commit();
   if (w == 0) {  // inclusive scan of g over the chunk, two steps per lane
     const int i0 = 2 * lane, i1 = i0 + 1;
@@ -355,39 +413,40 @@ mma_prepare(const float* __restrict__ k, const float* __restrict__ v, const floa
 
 constexpr int kBV = 32;  // value columns per block of the state pass
 
-// One stage of the state pass: a chunk's W rows (A operand, k contiguous), keys (the transposed
-// A operand of the state update), U tile and cumulative decays.
-template <int K>
+// One stage of the state pass: a chunk's W rows (A operand, k contiguous), keys (QT; the
+// transposed A operand of the state update), U tile and cumulative decays. Offsets in floats.
+template <int K, typename QT>
 struct PassStage {
-  static constexpr int SW = K + 8, SKK = K + 4, SU = kBV + 8;
-  static constexpr int W = 0, Kk = W + kC * SW, U = Kk + kC * SKK, G = U + kC * SU,
-                       floats = G + kC;
+  static constexpr int SW = K + 8, SKK = is_f32<QT> ? K + 4 : K + 8, SQ = K + 8, SU = kBV + 8;
+  static constexpr int W = 0, Kk = W + kC * SW, U = Kk + kC * SKK * (int)sizeof(QT) / 4,
+                       G = U + kC * SU, floats = G + kC;
 };
 
-template <int K>
+template <int K, typename QT>
 struct PassSmem {
+  using P = PassStage<K, QT>;
   static constexpr int SST = K + 8, SUT = kC + 8;
-  static constexpr int Ss = 2 * PassStage<K>::floats, Ud = Ss + kBV * SST, Qs = Ud + kBV * SUT,
-                       floats = Qs + kC * PassStage<K>::SW;
+  static constexpr int Ss = 2 * P::floats, Ud = Ss + kBV * SST, Qs = Ud + kBV * SUT,
+                       floats = Qs + kC * P::SQ * (int)sizeof(QT) / 4;
 };
 
 // 8 warps. W S: warp w owns rows 16 (w % 4).., columns 16 (w / 4).., its K-long sums split in two
 // halves (independent mma chains). The state update: K = 128, warp w owns state rows 16 w.. and
 // all 32 columns; K = 64, rows 16 (w % 4).., columns 16 (w / 4)..
-template <int K>
+template <int K, typename QT>
 __global__ void __launch_bounds__(kThreads, 1)
-mma_state_pass(const float* __restrict__ q, const float* __restrict__ k,
+mma_state_pass(const QT* __restrict__ q, const QT* __restrict__ k,
                const float* __restrict__ gcum, const float* __restrict__ W,
                float* __restrict__ U, float* __restrict__ O1, float* __restrict__ state, int T,
                int H, int HV, int V, int NC) {
-  using P = PassStage<K>;
-  using M = PassSmem<K>;
+  using P = PassStage<K, QT>;
+  using M = PassSmem<K, QT>;
   constexpr int SST = M::SST, SUT = M::SUT, NT3 = K == 128 ? 4 : 2;
   extern __shared__ float4 smem4[];
   float* sm = reinterpret_cast<float*>(smem4);
   float* Ss = sm + M::Ss;  // [BV][SST]  tf32(state tile), transposed: the B operand of W S
   float* Ud = sm + M::Ud;  // [BV][SUT]  tf32(exp(gc_last - gc_j) U_j), transposed
-  float* Qs = sm + M::Qs;  // [C][SW]   the chunk's queries, raw (one stage)
+  QT* Qs = reinterpret_cast<QT*>(sm + M::Qs);  // [C][SQ]  the chunk's queries (one stage)
   const int b = blockIdx.x / HV, hv = blockIdx.x % HV, h = hv / (HV / H), c0 = blockIdx.y * kBV;
   const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, gq = lane >> 2, tq = lane & 3;
   const int r3 = K == 128 ? 16 * w : 16 * (w & 3), n3 = K == 128 ? 0 : 16 * (w >> 2);
@@ -407,8 +466,8 @@ mma_state_pass(const float* __restrict__ q, const float* __restrict__ k,
     const int t0 = n * kC, L = gdn::imin(kC, T - t0);
     float* sb = sm + (n & 1) * P::floats;
     load_tile<kC, K, P::SW>(sb + P::W, W + gdn::ws_row(b, hv, t0, HV, T) * K, K, L, tid);
-    load_tile<kC, K, P::SKK>(sb + P::Kk, k + gdn::qk_index(b, t0, h, T, H, K), (long)H * K, L,
-                             tid);
+    load_tile<kC, K, P::SKK>(reinterpret_cast<QT*>(sb + P::Kk),
+                             k + gdn::qk_index(b, t0, h, T, H, K), (long)H * K, L, tid);
     load_tile<kC, kBV, P::SU>(sb + P::U, U + gdn::ws_row(b, hv, t0, HV, T) * V + c0, V, L, tid);
     if (tid < kC) {  // 4-byte copies: a chunk's decays need not be 16-byte aligned
       if (tid < L) cp4(sb + P::G + tid, gcum + gdn::ws_row(b, hv, t0 + tid, HV, T));
@@ -418,7 +477,7 @@ mma_state_pass(const float* __restrict__ q, const float* __restrict__ k,
   };
   auto issue_q = [&](int n) {
     const int t0 = n * kC, L = gdn::imin(kC, T - t0);
-    load_tile<kC, K, P::SW>(Qs, q + gdn::qk_index(b, t0, h, T, H, K), (long)H * K, L, tid);
+    load_tile<kC, K, P::SQ>(Qs, q + gdn::qk_index(b, t0, h, T, H, K), (long)H * K, L, tid);
     cp_commit();
   };
   issue(0);
@@ -454,9 +513,9 @@ mma_state_pass(const float* __restrict__ q, const float* __restrict__ k,
         float qs[1][2][4], q2[1][2][4];
         zero(qs);
         zero(q2);
-        const float* qa = Qs + r1 * P::SW;
-        gemm<1, 2, K / 2, P::SW, 1, 1, SST, true>(qs, qa, sbn, lane);
-        gemm<1, 2, K / 2, P::SW, 1, 1, SST, true>(q2, qa + K / 2, sbn + K / 2, lane);
+        const QT* qa = Qs + r1 * P::SQ;
+        gemm<1, 2, K / 2, P::SQ, 1, 1, SST, true>(qs, qa, sbn, lane);
+        gemm<1, 2, K / 2, P::SQ, 1, 1, SST, true>(q2, qa + K / 2, sbn + K / 2, lane);
 #pragma unroll
         for (int hf = 0; hf < 2; ++hf) {
           const int i = r1 + gq + 8 * hf;
@@ -497,7 +556,8 @@ mma_state_pass(const float* __restrict__ q, const float* __restrict__ k,
     for (int nt = 0; nt < NT3; ++nt)
 #pragma unroll
       for (int r = 0; r < 4; ++r) s[0][nt][r] *= el;
-    gemm<1, NT3, kC, 1, P::SKK, 1, SUT, true, false>(s, sb + P::Kk + r3, Ud + n3 * SUT, lane);
+    gemm<1, NT3, kC, 1, P::SKK, 1, SUT, true, false>(
+        s, reinterpret_cast<const QT*>(sb + P::Kk) + r3, Ud + n3 * SUT, lane);
     __syncthreads();
   }
 #pragma unroll
@@ -513,28 +573,28 @@ mma_state_pass(const float* __restrict__ q, const float* __restrict__ k,
 // ------------------------------------------------------------------------------------- output
 
 // o = scale (O1 + P U), O1 = exp(gc_i) q_i S from the state pass. P is computed from the
-// rounded queries and keys and then written over the keys, so that a block needs about 100 KB
-// of shared memory and two fit on an SM.
-template <int K, int V>
+// rounded queries and keys and then written over them, so that a block needs at most about
+// 100 KB of shared memory and two fit on an SM. Offsets in floats.
+template <int K, int V, typename QT>
 struct OutSmem {
-  static constexpr int SK = K + 8, SV = V + 4;
-  static constexpr int Qs = 0, Ks = Qs + kC * SK, Us = Ks + kC * SK, gc = Us + kC * SV,
-                       floats = gc + kC;
-  static_assert(kC * kPS <= kC * SK, "P fits where the keys were");
+  static constexpr int SK = K + 8, SV = V + 4, QK = kC * SK * (int)sizeof(QT) / 4;
+  static constexpr int Qs = 0, Ks = Qs + QK, Us = Ks + QK, gc = Us + kC * SV, floats = gc + kC;
+  static_assert(kC * kPS <= 2 * QK, "P fits where the queries and keys were");
 };
 
-template <int K, int V>
+template <int K, int V, typename QT>
 __global__ void __launch_bounds__(kThreads, 2)
-mma_output(const float* __restrict__ q, const float* __restrict__ k,
+mma_output(const QT* __restrict__ q, const QT* __restrict__ k,
              const float* __restrict__ gcum, const float* __restrict__ U,
              const float* __restrict__ O1, void* __restrict__ o, int T, int H, int HV,
              float scale, int odt, int NC) {
-  using S = OutSmem<K, V>;
+  using S = OutSmem<K, V, QT>;
   constexpr int SK = S::SK, SV = S::SV, NB = (V / 32 + 1) / 2;
   extern __shared__ float4 smem4[];
   float* sm = reinterpret_cast<float*>(smem4);
-  float* Qs = sm + S::Qs;  // [C][SK]  queries, rounded in place
-  float* Ks = sm + S::Ks;  // [C][SK]  keys, rounded in place; then tf32(P) [C][PS]
+  QT* Qs = reinterpret_cast<QT*>(sm + S::Qs);  // [C][SK]  queries (float32: rounded in place)
+  QT* Ks = reinterpret_cast<QT*>(sm + S::Ks);  // [C][SK]  keys (likewise)
+  float* Ps = sm;          // [C][PS]  tf32(P), over the queries and keys once they are used
   float* Us = sm + S::Us;  // [C][SV]  the chunk's U (rounded by the state pass)
   float* gc = sm + S::gc;  // [C]
   const int bh = blockIdx.x / NC, n = blockIdx.x % NC, b = bh / HV, hv = bh % HV;
@@ -564,16 +624,17 @@ mma_output(const float* __restrict__ q, const float* __restrict__ k,
       }
   }
   cp_wait<1>();
-  round_tile<kC, K, SK>(Qs, L, tid);
-  round_tile<kC, K, SK>(Ks, L, tid);
+  if constexpr (is_f32<QT>) {
+    round_tile<kC, K, SK>(Qs, L, tid);
+    round_tile<kC, K, SK>(Ks, L, tid);
+  }
   __syncthreads();
   {  // P = (Q K^T) exp(gc_i - gc_j), lower triangle with the diagonal
     const int i0 = (w & 3) * 16, n0 = (w >> 2) * 32;
     float pa[1][4][4];
     zero(pa);
     if (n0 <= i0 + 15) gemm<1, 4, K, SK, 1, 1, SK>(pa, Qs + i0 * SK, Ks + n0 * SK, lane);
-    __syncthreads();  // every warp is done with the keys
-    float* Ps = Ks;
+    __syncthreads();  // every warp is done with the queries and keys
 #pragma unroll
     for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
@@ -584,7 +645,6 @@ mma_output(const float* __restrict__ q, const float* __restrict__ k,
   }
   cp_wait<0>();
   __syncthreads();
-  const float* Ps = Ks;
 #pragma unroll
   for (int jb = 0; jb < NB; ++jb) {
     const int nb = (w >> 2) + 2 * jb, i0 = 16 * ((jb & 1) ? 3 - (w & 3) : (w & 3));
@@ -615,39 +675,52 @@ cudaError_t allow_smem(F* kernel, size_t bytes) {
   return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
 }
 
-template <int K, int V>
-int launch_mma(const float* q, const float* k, const float* v, const float* g, const float* beta,
-               void* o, float* state, float* gcum, float* W, float* U, float* O1, int B, int T,
-               int H, int HV, float scale, int odt, cudaStream_t s) {
+template <int K, int V, typename QT>
+int launch_mma(const QT* q, const QT* k, const QT* v, const float* g, const float* beta, void* o,
+               float* state, float* gcum, float* W, float* U, float* O1, int B, int T, int H,
+               int HV, float scale, int odt, cudaStream_t s) {
   const int NC = (T + kC - 1) / kC;
-  const size_t s1 = sizeof(float) * PrepSmem<K, V>::floats;
+  const size_t s1 = sizeof(float) * PrepSmem<K, V>::floats,
+               s2 = sizeof(float) * PassSmem<K, QT>::floats,
+               s3 = sizeof(float) * OutSmem<K, V, QT>::floats;
   cudaError_t err;
-  if ((err = allow_smem(mma_prepare<K, V>, s1)) != cudaSuccess) return (int)err;
-  mma_prepare<K, V><<<B * HV * NC, kThreads, s1, s>>>(k, v, g, beta, gcum, W, U, T, H, HV, NC);
-  const size_t s2 = sizeof(float) * PassSmem<K>::floats, s3 = sizeof(float) * OutSmem<K, V>::floats;
-  if ((err = allow_smem(mma_state_pass<K>, s2)) != cudaSuccess) return (int)err;
-  if ((err = allow_smem(mma_output<K, V>, s3)) != cudaSuccess) return (int)err;
-  mma_state_pass<K><<<dim3(B * HV, V / kBV), kThreads, s2, s>>>(q, k, gcum, W, U, O1, state, T, H,
-                                                                 HV, V, NC);
-  mma_output<K, V><<<B * HV * NC, kThreads, s3, s>>>(q, k, gcum, U, O1, o, T, H, HV, scale, odt,
-                                                    NC);
+  if ((err = allow_smem(mma_prepare<K, V, QT>, s1)) != cudaSuccess) return (int)err;
+  if ((err = allow_smem(mma_state_pass<K, QT>, s2)) != cudaSuccess) return (int)err;
+  if ((err = allow_smem(mma_output<K, V, QT>, s3)) != cudaSuccess) return (int)err;
+  mma_prepare<K, V, QT><<<B * HV * NC, kThreads, s1, s>>>(k, v, g, beta, gcum, W, U, T, H, HV,
+                                                          NC);
+  mma_state_pass<K, QT><<<dim3(B * HV, V / kBV), kThreads, s2, s>>>(q, k, gcum, W, U, O1, state,
+                                                                     T, H, HV, V, NC);
+  mma_output<K, V, QT><<<B * HV * NC, kThreads, s3, s>>>(q, k, gcum, U, O1, o, T, H, HV, scale,
+                                                         odt, NC);
   return (int)cudaGetLastError();
 }
 
-template <int K>
-int launch_mma_v(const float* q, const float* k, const float* v, const float* g,
-                 const float* beta, void* o, float* state, float* gcum, float* W, float* U,
-                 float* O1, int B, int T, int H, int HV, int V, float scale, int odt,
-                 cudaStream_t s) {
-#define GDN_MMA_ARGS q, k, v, g, beta, o, state, gcum, W, U, O1, B, T, H, HV, scale, odt, s
+template <int K, typename QT>
+int launch_mma_v(const void* q, const void* k, const void* v, const float* g, const float* beta,
+                 void* o, float* state, float* gcum, float* W, float* U, float* O1, int B, int T,
+                 int H, int HV, int V, float scale, int odt, cudaStream_t s) {
+  const QT *qt = static_cast<const QT*>(q), *kt = static_cast<const QT*>(k),
+           *vt = static_cast<const QT*>(v);
+#define GDN_MMA_ARGS qt, kt, vt, g, beta, o, state, gcum, W, U, O1, B, T, H, HV, scale, odt, s
   switch (V) {
-    case 32: return launch_mma<K, 32>(GDN_MMA_ARGS);
-    case 64: return launch_mma<K, 64>(GDN_MMA_ARGS);
-    case 96: return launch_mma<K, 96>(GDN_MMA_ARGS);
-    case 128: return launch_mma<K, 128>(GDN_MMA_ARGS);
+    case 32: return launch_mma<K, 32, QT>(GDN_MMA_ARGS);
+    case 64: return launch_mma<K, 64, QT>(GDN_MMA_ARGS);
+    case 96: return launch_mma<K, 96, QT>(GDN_MMA_ARGS);
+    case 128: return launch_mma<K, 128, QT>(GDN_MMA_ARGS);
     default: return -1;
   }
 #undef GDN_MMA_ARGS
+}
+
+template <typename QT>
+int launch_mma_k(const void* q, const void* k, const void* v, const float* g, const float* beta,
+                 void* o, float* state, float* gcum, float* W, float* U, float* O1, int B, int T,
+                 int H, int HV, int K, int V, float scale, int odt, cudaStream_t s) {
+  return K == 128 ? launch_mma_v<128, QT>(q, k, v, g, beta, o, state, gcum, W, U, O1, B, T, H, HV,
+                                          V, scale, odt, s)
+                  : launch_mma_v<64, QT>(q, k, v, g, beta, o, state, gcum, W, U, O1, B, T, H, HV,
+                                         V, scale, odt, s);
 }
 
 }  // namespace
@@ -659,18 +732,25 @@ int gdn_chunked_mma_supported(int K, int V) {
   return (K == 64 || K == 128) && (V == 32 || V == 64 || V == 96 || V == 128);
 }
 
-// Tensor-core chunked prefill (chunk 64, fp32 accumulators, tf32 operands). Workspace: gcum
+// Tensor-core chunked prefill (chunk 64, fp32 accumulators, tf32 operands). q, k, v: float32
+// (in_dtype 0), bf16 (1) or fp16 (2), all three alike; g, beta float32. Workspace: gcum
 // [B,HV,T], W [B,HV,T,K], U [B,HV,T,V], O1 [B,HV,T,V], float32, provided by the caller.
 // o_dtype: 0 float32, 1 bf16, 2 fp16 (o's element type). Returns 0, a cudaError_t code, or -1 for
-// a shape gdn_chunked_mma_supported refuses or an unknown o_dtype.
-int gdn_chunked_mma_cuda(const float* q, const float* k, const float* v, const float* g,
+// a shape gdn_chunked_mma_supported refuses or an unknown dtype code.
+int gdn_chunked_mma_cuda(const void* q, const void* k, const void* v, const float* g,
                          const float* beta, void* o, float* state, float* gcum, float* W,
                          float* U, float* O1, int B, int T, int H, int HV, int K, int V,
-                         float scale, int o_dtype, void* stream) {
+                         float scale, int in_dtype, int o_dtype, void* stream) {
   if (!gdn_chunked_mma_supported(K, V) || o_dtype < 0 || o_dtype > 2) return -1;
   auto s = static_cast<cudaStream_t>(stream);
-  return K == 128 ? launch_mma_v<128>(q, k, v, g, beta, o, state, gcum, W, U, O1, B, T, H, HV, V, scale, o_dtype, s)
-                  : launch_mma_v<64>(q, k, v, g, beta, o, state, gcum, W, U, O1, B, T, H, HV, V, scale, o_dtype, s);
+#define GDN_MMA_ARGS q, k, v, g, beta, o, state, gcum, W, U, O1, B, T, H, HV, K, V, scale, o_dtype, s
+  switch (in_dtype) {
+    case 0: return launch_mma_k<float>(GDN_MMA_ARGS);
+    case 1: return launch_mma_k<__nv_bfloat16>(GDN_MMA_ARGS);
+    case 2: return launch_mma_k<__half>(GDN_MMA_ARGS);
+    default: return -1;
+  }
+#undef GDN_MMA_ARGS
 }
 
 }  // extern "C"

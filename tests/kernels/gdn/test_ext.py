@@ -181,6 +181,34 @@ def test_cuda_mma_writes_output_dtype(monkeypatch):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("K,V,T", [(128, 128, 150), (64, 96, 64), (128, 32, 1)])
+def test_cuda_mma_reads_16bit_inputs(dtype, K, V, T, monkeypatch):
+    """bf16 / fp16 q, k, v read by the mma kernels as given: bit-equal to widening them first
+    (they are exact in tf32), o and state; the API takes that path; mixed dtypes are refused."""
+    from workbench.kernels.gdn._checks import l2norm
+    monkeypatch.setenv("WORKBENCH_GDN_CUDA_PATH", "mma")
+    x = make_inputs(1, T, 2, 4, K, V, dtype=dtype, state=True, seed=17, device="cuda")
+    # keys normalized by the caller (raw random keys make the recurrence blow up in float32)
+    x["q"], x["k"] = (l2norm(x[n].float()).to(dtype) for n in ("q", "k"))
+    s, _, C, acc64, t16, state, _, path = ext.staged("chunked", **x)
+    assert path == "mma" and all(t.dtype == dtype for t in t16[:3])
+    t32 = (*(t.float() for t in t16[:3]), *t16[3:])
+    o16, o32 = (torch.full((s.B, s.T, s.HV, s.V), float("nan"), device="cuda") for _ in range(2))
+    s16, s32 = state.clone(), state.clone()
+    ext.launch("chunked", s, C, acc64, t16, s16, o16, path="mma")
+    ext.launch("chunked", s, C, acc64, t32, s32, o32, path="mma")
+    assert torch.isfinite(o16).all() and torch.equal(o16, o32) and torch.equal(s16, s32)
+    o, st = gdn.chunked(**x, backend="ext", policy=Policy(output_dtype="fp32"))
+    assert torch.equal(o, o16) and torch.equal(st, s16)
+    ro, rs = gdn.chunked(**x, backend="oracle")
+    assert workbench.compare(ro, o).rel_l2 <= 5e-3 and workbench.compare(rs, st).rel_l2 <= 5e-3
+    with pytest.raises(KernelArgumentError, match="all three"):
+        ext.launch("chunked", s, C, acc64, (t16[0], t32[1], *t16[2:]), state.clone(), o16,
+                   path="mma")
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("split", [64, 100])
 def test_cuda_mma_continuation(split, monkeypatch):
     """Prefill continuation on the mma path: [0:split] then [split:] with the state carried

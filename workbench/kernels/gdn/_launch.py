@@ -14,11 +14,13 @@ __all__ = ["stage"]
 
 
 def stage(backend, q, k, v, g, beta, scale, initial_state, qk_l2norm, policy, chunk_size=None,
-          max_chunk=None):
+          max_chunk=None, widen=True):
     """Check arguments and policy; return (shape, policy, chunk, float32 contiguous tensors, out dtype).
 
     The kernels read float32: q, k, v and beta are materialized in ``policy.input_dtype`` first
     (when set) and then widened; the L2 norm of q and k is applied here, in float32.
+    ``widen=False`` leaves q, k and v contiguous in their (materialized) dtype when no L2 norm is
+    applied, for kernels that read bf16 / fp16 themselves.
     """
     s = check_gdn(q, k, v, g, beta, scale, initial_state)
     p = resolve_policy(policy)
@@ -40,7 +42,11 @@ def stage(backend, q, k, v, g, beta, scale, initial_state, qk_l2norm, policy, ch
             x = x.to(inp)
         return x.to(torch.float32).contiguous()
 
-    q, k, v, beta = (f32(x) for x in (q, k, v, beta))
+    def keep(x):
+        return (x.to(inp) if inp is not None else x).contiguous()
+
+    q, k, v = (f32(x) if widen or qk_l2norm else keep(x) for x in (q, k, v))
+    beta = f32(beta)
     if qk_l2norm:
         q, k = l2norm(q).contiguous(), l2norm(k).contiguous()
     g = g.to(torch.float32).contiguous()

@@ -10,7 +10,8 @@ materialized in ``policy.input_dtype`` when set, o is rounded to ``policy.output
 The CUDA chunked form has two paths (``cuda_path``): ``scalar`` (plain fp32 FMAs, the element code
 of ``gdn_common.h``) and ``mma`` (``gdn_mma.cu``: tensor cores, tf32 operands rounded to nearest,
 fp32 accumulators; chunk 64, K in {64, 128}, V in {32, 64, 96, 128}; o written in the output
-dtype by the kernel). ``auto`` takes ``mma``
+dtype by the kernel; bf16 / fp16 q, k, v read as given when no L2 norm is applied, which gives
+the same result as widening them first, since they are exact in tf32). ``auto`` takes ``mma``
 for bf16/fp16 inputs (after ``policy.input_dtype``) when the shape fits and the accumulator is
 fp32, else ``scalar``; ``WORKBENCH_GDN_CUDA_PATH=scalar|mma|auto`` overrides.
 """
@@ -39,6 +40,7 @@ CUDA_K = (16, 32, 64, 128, 256)
 MMA_K = (64, 128)
 MMA_V = (32, 64, 96, 128)
 MMA_OUT = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}  # o dtypes of the mma path
+MMA_IN = MMA_OUT  # q, k, v dtypes the mma path reads (g, beta: float32)
 PATHS = ("auto", "mma", "scalar")
 
 _P, _I, _F = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
@@ -71,7 +73,7 @@ def library(kind: str) -> ctypes.CDLL:
             inv.argtypes, inv.restype = [_P, _P, _I], _I
         if kind == "cuda":
             mma = lib.gdn_chunked_mma_cuda
-            mma.argtypes, mma.restype = [_P] * 11 + [_I] * 6 + [_F, _I, _P], _I
+            mma.argtypes, mma.restype = [_P] * 11 + [_I] * 6 + [_F, _I, _I, _P], _I
         lib._gdn_typed = True
     return lib
 
@@ -114,13 +116,25 @@ def cuda_path(s, C, acc64, input_dtype=None) -> str:
     return want
 
 
-def _run(op, q, k, v, g, beta, scale, initial_state, qk_l2norm, policy, chunk_size=None):
+def staged(op, q, k, v, g, beta, scale=None, initial_state=None, qk_l2norm=False, policy=None,
+           chunk_size=None):
+    """What ``recurrent`` / ``chunked`` hand to :func:`launch`: (shape, policy, chunk, acc64,
+    tensors, state, out dtype, CUDA path). q, k, v stay bf16 / fp16 for the mma path (no L2 norm
+    applied here), else they are widened to float32."""
     s, p, C, tensors, state, out = stage("ext", q, k, v, g, beta, scale, initial_state,
-                                         qk_l2norm, policy, chunk_size)
+                                         qk_l2norm, policy, chunk_size, widen=False)
     acc64 = int(p.accum_dtype == "fp64")
     path = "scalar"
     if op == "chunked" and tensors[0].is_cuda:
         path = cuda_path(s, C, acc64, torch_dtype(p.input_dtype) if p.input_dtype else q.dtype)
+    if not (path == "mma" and tensors[0].dtype in (torch.bfloat16, torch.float16)):
+        tensors = (*(x.to(torch.float32).contiguous() for x in tensors[:3]), *tensors[3:])
+    return s, p, C, acc64, tensors, state, out, path
+
+
+def _run(op, q, k, v, g, beta, scale, initial_state, qk_l2norm, policy, chunk_size=None):
+    s, p, C, acc64, tensors, state, out, path = staged(op, q, k, v, g, beta, scale, initial_state,
+                                                       qk_l2norm, policy, chunk_size)
     # the mma path writes o in the output dtype itself (round to nearest even, as .to() does)
     odt = out if path == "mma" and out in MMA_OUT else torch.float32
     o = torch.empty(s.B, s.T, s.HV, s.V, dtype=odt, device=tensors[0].device)
@@ -130,11 +144,13 @@ def _run(op, q, k, v, g, beta, scale, initial_state, qk_l2norm, policy, chunk_si
 
 
 def launch(op, s, C, acc64, tensors, state, o, path="scalar"):
-    """Run the native kernel on staged float32 contiguous tensors; ``state`` is updated in place.
+    """Run the native kernel on staged contiguous tensors (float32; see ``path`` for the mma
+    path's bf16 / fp16); ``state`` is updated in place.
 
     ``path`` ("scalar" or "mma") picks the CUDA chunked kernels; CPU tensors and the recurrence
     always run the scalar code. ``o`` is float32, except on the mma path, which also writes bf16
-    or fp16 ``o`` directly (rounded to nearest even from its float32 result).
+    or fp16 ``o`` directly (rounded to nearest even from its float32 result) and also reads bf16
+    or fp16 q, k, v (all three alike; g and beta float32).
     """
     q = tensors[0]
     kind = "cuda" if q.is_cuda else "cpu"
@@ -167,8 +183,12 @@ def launch(op, s, C, acc64, tensors, state, o, path="scalar"):
             if o.dtype not in MMA_OUT:
                 raise KernelArgumentError(f"o: the mma path writes {list(MMA_OUT)}, got {o.dtype}",
                                           key="o")
+            if len({x.dtype for x in tensors[:3]}) != 1 or q.dtype not in MMA_IN:
+                raise KernelArgumentError(
+                    f"q, k, v: the mma path reads one of {list(MMA_IN)} for all three, got "
+                    f"{[x.dtype for x in tensors[:3]]}", key="q")
             rc = lib.gdn_chunked_mma_cuda(*ptrs, *(w.data_ptr() for w in (*ws, o1)), *dims,
-                                          s.scale, MMA_OUT[o.dtype], *extra)
+                                          s.scale, MMA_IN[q.dtype], MMA_OUT[o.dtype], *extra)
             if rc != 0:
                 raise BackendUnavailableError(f"native gdn chunked (cuda, mma) failed with code {rc}",
                                               key="backend", fix="WORKBENCH_GDN_CUDA_PATH=scalar")
