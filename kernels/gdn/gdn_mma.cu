@@ -19,13 +19,14 @@
 //      S <- exp(gc_last) S + K^T (exp(gc_last - gc_j) U_j); the next chunk's W, K, U tile, decays
 //      and queries are copied into shared memory (cp.async) while this one computes.
 //   3. output, one block per (b, hv, chunk), two per SM: o = scale (O1_i + sum_{j<=i} P_ij U_j)
-//      with P = (Q K^T) * exp(gc_i - gc_j) by mma, written over the keys in shared memory.
+//      with P = (Q K^T) * exp(gc_i - gc_j) by mma, written over Q and K in shared memory.
 // All kernels are templated on K (and V) so that tile strides and loop bounds are constants:
 // fragment addresses are then a base register plus immediates. Within each k-step of 8, slot t
 // of the fragments holds k = 2t and slot t + 4 holds k = 2t + 1 (any pairing of k with slots
 // gives the same product), so operands stored with k contiguous load as 8-byte pairs; tile row
 // strides are 8 mod 32 floats for those and 4 mod 16 for operands read across k rows, which
-// keeps the loads free of bank conflicts.
+// keeps the loads free of bank conflicts (bf16 / fp16 tiles: strides 8 mod 64 elements, pairs
+// loaded as 4 bytes).
 // q, k, v are read as float32 or, as the caller gave them, bf16 / fp16 (each kernel is templated
 // on that type, QT): a 16-bit value is exact in tf32, so the result is the same bit for bit as
 // with the values widened to float32 first, for half the bytes of q and k in the state pass and
