@@ -112,14 +112,33 @@ _STARTED = """() => [...document.querySelectorAll('.jp-Notebook .jp-InputPrompt'
     .some(p => /\\[(\\*|\\d+)\\]/.test(p.textContent))"""
 
 
+def _answer_dialogs(page) -> list[str]:
+    """Accept JupyterLab's modal dialogs with their default button, as a user reading them would
+    (for instance "Select Kernel" with the notebook's own kernel preselected, which JupyterLab can
+    raise when Run All comes before the session is wired); print their texts for the log."""
+    texts = []
+    for _ in range(5):
+        dialog = page.locator(".jp-Dialog")
+        if not dialog.count():
+            break
+        texts.append(" ".join(dialog.first.inner_text().split())[:300])
+        dialog.first.locator(".jp-mod-accept").first.click()
+        dialog.first.wait_for(state="detached", timeout=10_000)
+    if texts:
+        print("JupyterLab dialogs answered:", texts)
+    return texts
+
+
 def _run_all_cells(page, attempts: int = 3) -> None:
     """Run > Run All Cells, as a user would, until execution visibly starts.
 
     Right after the kernel reports idle, JupyterLab can still be wiring the session to the
-    notebook panel and a first click may run nothing; a user would click again, and so do we
-    (a prompt turning into [*] or [n] proves that cells are executing).
+    notebook panel and a first click may run nothing or raise a dialog; a user would answer it
+    and click again, and so do we (a prompt turning into [*] or [n] proves that cells are
+    executing).
     """
     for i in range(attempts):
+        _answer_dialogs(page)
         page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
         page.locator(".lm-Menu-itemLabel", has_text="Run All Cells").first.click()
         try:
@@ -128,7 +147,8 @@ def _run_all_cells(page, attempts: int = 3) -> None:
         except Exception:
             if i == attempts - 1:
                 raise
-            page.keyboard.press("Escape")
+            if page.locator(".lm-Menu").count():  # a menu left open, not a dialog
+                page.keyboard.press("Escape")
 
 
 def _explorer_ytitle(page) -> str:
