@@ -94,8 +94,10 @@ def _time_all(run: dict) -> tuple[dict, dict]:
 
 
 def _ratios(res: dict) -> dict:
-    return {n: (res["fla"] / t if t and res.get("fla") else None) for n, t in res.items()
-            if n != "fla"}
+    """fla's time over each runner's (ext_qk_l2norm against fla with its in-kernel norm)."""
+    peer = lambda n: "fla_qk_l2norm" if n == "ext_qk_l2norm" else "fla"
+    return {n: (res[peer(n)] / t if t and res.get(peer(n)) else None) for n, t in res.items()
+            if not n.startswith("fla")}
 
 
 def _versions() -> dict:
@@ -144,12 +146,18 @@ def _runners(x, op):
         run["numba"] = lambda: numba_cuda.launch("chunked", s, 64, tensors, st_n, o)
         # what the API hands the kernels: on the mma path bf16 q, k, v as given, and o written in
         # the output dtype (bf16 here, as fla does); the scalar path reads and writes float32
-        _, _, _, _, t_api, _, _, path = ext.staged("chunked", **x)
+        api = ext.staged("chunked", **x)
+        path = api.path
         o_ext = o.to(x["v"].dtype) if path == "mma" else o
-        run["ext"] = lambda: ext.launch("chunked", s, 64, 0, t_api, st_e, o_ext, path=path)
+        run["ext"] = lambda: ext.launch("chunked", s, 64, 0, api.tensors, st_e, o_ext, path=path)
         if path == "mma":  # the same kernels fed float32-widened q, k, v
             run["ext_f32_inputs"] = lambda: ext.launch("chunked", s, 64, 0, tensors, st_e, o_ext,
                                                        path=path)
+            # and on the same (already normalized) q, k with qk_l2norm=True: the kernels compute
+            # and apply the norms, as a model calling with in-kernel normalization has them do
+            l2 = ext.staged("chunked", **x, qk_l2norm=True)
+            run["ext_qk_l2norm"] = lambda: ext.launch("chunked", s, 64, 0, l2.tensors, st_e, o_ext,
+                                                      path=path, qk_l2norm=l2.qk_l2norm)
         run["ext_scalar"] = lambda: ext.launch("chunked", s, 64, 0, tensors, st_e, o,
                                                path="scalar")
         if s.T <= 8192:
@@ -163,6 +171,8 @@ def _runners(x, op):
         kw = dict(q=x["q"], k=x["k"], v=x["v"], g=x["g"], beta=x["beta"].bfloat16(),
                   scale=K ** -0.5, initial_state=x["initial_state"], output_final_state=True)
         run["fla"] = (lambda: fused(**kw)) if op == "decode" else (lambda: chunk(**kw))
+        if op != "decode" and _want("ext_qk_l2norm"):
+            run["fla_qk_l2norm"] = lambda: chunk(**kw, use_qk_l2norm_in_kernel=True)
     except Exception as e:
         print("fla unavailable:", e)
     return s, run

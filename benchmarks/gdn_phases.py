@@ -5,7 +5,8 @@
     python benchmarks/gdn_phases.py --T 8192 --kernels           # GPU time per kernel (profiler)
 
 Inputs as benchmarks/gdn.py (B=1, H=16, HV=32, K=V=128, bf16, l2-normalized q/k, a state),
-staged once as the API stages them (bf16 q, k, v; ``--f32-inputs``: widened to float32); then
+staged once as the API stages them (bf16 q, k, v; ``--f32-inputs``: widened to float32;
+``--qk-l2norm``: the kernels normalize q and k); then
 ``ext.launch(..., path="mma")`` is called ``reps`` times.
 """
 from __future__ import annotations
@@ -29,25 +30,29 @@ def main():
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--time", action="store_true")
     ap.add_argument("--f32-inputs", action="store_true", help="widen q, k, v to float32 first")
+    ap.add_argument("--qk-l2norm", action="store_true", help="the kernels apply the L2 norm")
     ap.add_argument("--kernels", action="store_true", help="GPU time per kernel (torch.profiler)")
     ap.add_argument("--check", action="store_true", help="compare with the fp64 oracle first")
     a = ap.parse_args()
     x = make_inputs(1, a.T, 16, 32, 128, 128, dtype=torch.bfloat16, state=True, seed=3, device="cuda")
     x["q"], x["k"] = l2norm(x["q"].float()).bfloat16(), l2norm(x["k"].float()).bfloat16()
+    l2 = False
     if a.f32_inputs:
         s, _, _, tensors, state, _ = _launch.stage("ext", **x, scale=None, qk_l2norm=False,
                                                    policy=None)
     else:
-        s, _, _, _, tensors, state, _, _ = ext.staged("chunked", **x)
+        sg = ext.staged("chunked", **x, qk_l2norm=a.qk_l2norm)
+        s, tensors, state, l2 = sg.s, sg.tensors, sg.state, sg.qk_l2norm
     o = torch.empty(s.B, s.T, s.HV, s.V, dtype=torch.float32, device="cuda")
     if a.check:
         st = state.clone()
-        ext.launch("chunked", s, 64, 0, tensors, st, o, path="mma")
+        ext.launch("chunked", s, 64, 0, tensors, st, o, path="mma", qk_l2norm=l2)
         ro, rs = oracle.chunked(**x)
         eo = float((o.double() - ro.double()).norm() / ro.double().norm())
         es = float((st.double() - rs.double()).norm() / rs.double().norm())
         print(f"T={a.T} rel_l2 o {eo:.3e} state {es:.3e}", flush=True)
-    fn = lambda: ext.launch("chunked", s, 64, 0, tensors, state.clone(), o, path="mma")
+    fn = lambda: ext.launch("chunked", s, 64, 0, tensors, state.clone(), o, path="mma",
+                            qk_l2norm=l2)
     if a.kernels:
         from torch.profiler import ProfilerActivity, profile
         fn()

@@ -31,6 +31,10 @@
 // on that type, QT): a 16-bit value is exact in tf32, so the result is the same bit for bit as
 // with the values widened to float32 first, for half the bytes of q and k in the state pass and
 // the output (and of k, v in prepare, which widens them in shared memory).
+// qk_l2norm: a fourth launch computes each q and k row's factor 1 / sqrt(sum x^2 + 1e-6) (nq,
+// nk), and the kernels fold them into the products they form from the raw q and k (A, the
+// right-hand sides of W, O1, the state update's keys, P), so q and k keep their 16-bit reads;
+// without a norm the factors are 1 and every product is unchanged bit for bit.
 // Workspace (float32): gcum [B,HV,T], W [B,HV,T,K], U [B,HV,T,V], O1 [B,HV,T,V]. o is written
 // in float32, bf16 or fp16 (rounded to nearest even from the float32 result).
 #include <cuda_bf16.h>
@@ -258,13 +262,52 @@ __device__ __forceinline__ void round_tile(float* t, int L, int tid) {
   }
 }
 
+// ---------------------------------------------------------------------------- q, k L2 norms
+
+// Row (b, t, h) of the per-row arrays nq, nk [B, T, H].
+__device__ __forceinline__ long qk_row(int b, int t, int h, int T, int H) {
+  return ((long)b * T + t) * H + h;
+}
+// The per-row factor of a norm array, 1 where there is none (no L2 norm: products unchanged).
+__device__ __forceinline__ float norm_at(const float* __restrict__ n, long row) {
+  return n ? n[row] : 1.f;
+}
+
+// nq, nk = 1 / sqrt(sum x^2 + 1e-6) over each row of q and k (the models' in-kernel L2 norm,
+// applied by the three kernels to the products they form from raw q and k), a warp per row,
+// float32 sums in a fixed order.
+template <typename QT>
+__global__ void __launch_bounds__(kThreads)
+mma_l2_norms(const QT* __restrict__ q, const QT* __restrict__ k, float* __restrict__ nq,
+             float* __restrict__ nk, long rows, int K) {
+  const long r = (long)blockIdx.x * (kThreads / 32) + threadIdx.x / 32;
+  const int lane = threadIdx.x & 31;
+  if (r >= rows) return;
+  float sq = 0.f, sk = 0.f;
+  for (int c = lane; c < K; c += 32) {
+    const float a = to_f(q[r * K + c]), b = to_f(k[r * K + c]);
+    sq += a * a;
+    sk += b * b;
+  }
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) {
+    sq += __shfl_xor_sync(0xffffffffu, sq, off);
+    sk += __shfl_xor_sync(0xffffffffu, sk, off);
+  }
+  if (lane == 0) {
+    nq[r] = 1.f / sqrtf(sq + 1e-6f);
+    nk[r] = 1.f / sqrtf(sk + 1e-6f);
+  }
+}
+
 // ------------------------------------------------------------------------------------ prepare
 
 template <int K, int V>
 struct PrepSmem {
   static constexpr int SK = K + 8, SV = V + 4;
   static constexpr int Ks = 0, Vs = Ks + kC * SK, As = Vs + kC * SV, Xs = As + kC * kPS,
-                       gc = Xs + kC * kPS, bt = gc + kC, fk = bt + kC, floats = fk + kC;
+                       gc = Xs + kC * kPS, bt = gc + kC, fk = bt + kC, nk = fk + kC,
+                       floats = nk + kC;
 };
 
 // One warp, 32 columns of R (row stride LDR; the tf32 right-hand sides, replaced in place by the
@@ -313,7 +356,8 @@ __device__ __forceinline__ void solve_block_columns(const float* As, const float
 template <int K, int V, typename QT>
 __global__ void __launch_bounds__(kThreads, 2)
 mma_prepare(const QT* __restrict__ k, const QT* __restrict__ v, const float* __restrict__ g,
-            const float* __restrict__ beta, float* __restrict__ gcum, float* __restrict__ W,
+            const float* __restrict__ beta, const float* __restrict__ nk,
+            float* __restrict__ gcum, float* __restrict__ W,
             float* __restrict__ U, int T, int H, int HV, int NC) {
   using S = PrepSmem<K, V>;
   constexpr int SK = S::SK, SV = S::SV;
@@ -325,7 +369,8 @@ mma_prepare(const QT* __restrict__ k, const QT* __restrict__ v, const float* __r
   float* Xs = sm + S::Xs;  // [C][PS]  the diagonal blocks of (I + A)^-1, tf32
   float* gc = sm + S::gc;  // [C] cumulative log decay
   float* bt = sm + S::bt;  // [C] beta
-  float* fk = sm + S::fk;  // [C] beta exp(gc)
+  float* fk = sm + S::fk;  // [C] beta exp(gc) nk
+  float* nkv = sm + S::nk;  // [C] the keys' L2-norm factors (1: none)
   const int bh = blockIdx.x / NC, n = blockIdx.x % NC, b = bh / HV, hv = bh % HV;
   const int h = hv / (HV / H), t0 = n * kC, L = gdn::imin(kC, T - t0);
   const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, gq = lane >> 2, tq = lane & 3;
@@ -351,8 +396,12 @@ mma_prepare(const QT* __restrict__ k, const QT* __restrict__ v, const float* __r
     gc[i1] = c1;
     bt[i0] = b0;
     bt[i1] = b1;
-    fk[i0] = b0 * expf(c0);
-    fk[i1] = b1 * expf(c1);
+    const float n0 = i0 < L ? norm_at(nk, qk_row(b, t0 + i0, h, T, H)) : 1.f;
+    const float n1 = i1 < L ? norm_at(nk, qk_row(b, t0 + i1, h, T, H)) : 1.f;
+    nkv[i0] = n0;
+    nkv[i1] = n1;
+    fk[i0] = b0 * expf(c0) * n0;
+    fk[i1] = b1 * expf(c1) * n1;
     if (i0 < L) gcum[gdn::ws_row(b, hv, t0 + i0, HV, T)] = c0;
     if (i1 < L) gcum[gdn::ws_row(b, hv, t0 + i1, HV, T)] = c1;
   }
@@ -369,7 +418,8 @@ mma_prepare(const QT* __restrict__ k, const QT* __restrict__ v, const float* __r
 #pragma unroll
       for (int r = 0; r < 4; ++r) {
         const int i = i0 + gq + 8 * (r >> 1), j = n0 + nt * 8 + 2 * tq + (r & 1);
-        const float a = j < i ? bt[i] * acc[0][nt][r] * expf(gc[i] - gc[j]) : 0.f;
+        const float a = j < i ? bt[i] * (acc[0][nt][r] * (nkv[i] * nkv[j])) * expf(gc[i] - gc[j])
+                              : 0.f;
         As[i * kPS + j] = j / 16 < i / 16 ? rtf32(a) : a;  // below the diagonal blocks: operands
       }
   }
@@ -420,7 +470,7 @@ template <int K, typename QT>
 struct PassStage {
   static constexpr int SW = K + 8, SKK = is_f32<QT> ? K + 4 : K + 8, SQ = K + 8, SU = kBV + 8;
   static constexpr int W = 0, Kk = W + kC * SW, U = Kk + kC * SKK * (int)sizeof(QT) / 4,
-                       G = U + kC * SU, floats = G + kC;
+                       G = U + kC * SU, NQ = G + kC, NK = NQ + kC, floats = NK + kC;
 };
 
 template <int K, typename QT>
@@ -437,6 +487,7 @@ struct PassSmem {
 template <int K, typename QT>
 __global__ void __launch_bounds__(kThreads, 1)
 mma_state_pass(const QT* __restrict__ q, const QT* __restrict__ k,
+               const float* __restrict__ nq, const float* __restrict__ nk,
                const float* __restrict__ gcum, const float* __restrict__ W,
                float* __restrict__ U, float* __restrict__ O1, float* __restrict__ state, int T,
                int H, int HV, int V, int NC) {
@@ -473,6 +524,12 @@ mma_state_pass(const QT* __restrict__ q, const QT* __restrict__ k,
     if (tid < kC) {  // 4-byte copies: a chunk's decays need not be 16-byte aligned
       if (tid < L) cp4(sb + P::G + tid, gcum + gdn::ws_row(b, hv, t0 + tid, HV, T));
       else sb[P::G + tid] = 0.f;
+    } else if (tid < 3 * kC) {  // the L2-norm factors of the chunk's queries and keys (1: none)
+      const int i = (tid - kC) % kC;
+      const float* nn = tid < 2 * kC ? nq : nk;
+      float* d = sb + (tid < 2 * kC ? P::NQ : P::NK) + i;
+      if (nn && i < L) cp4(d, nn + qk_row(b, t0 + i, h, T, H));
+      else *d = 1.f;
     }
     cp_commit();
   };
@@ -521,7 +578,7 @@ mma_state_pass(const QT* __restrict__ q, const QT* __restrict__ k,
         for (int hf = 0; hf < 2; ++hf) {
           const int i = r1 + gq + 8 * hf;
           if (i >= L) continue;
-          const float e = expf(gc[i]);
+          const float e = expf(gc[i]) * sb[P::NQ + i];
 #pragma unroll
           for (int nt = 0; nt < 2; ++nt) {
             const int c = n1 + nt * 8 + 2 * tq;
@@ -534,7 +591,7 @@ mma_state_pass(const QT* __restrict__ q, const QT* __restrict__ k,
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf) {
         const int i = r1 + gq + 8 * hf;
-        const float d = i < L ? expf(gl - gc[i]) : 0.f;
+        const float d = i < L ? expf(gl - gc[i]) * sb[P::NK + i] : 0.f;
 #pragma unroll
         for (int nt = 0; nt < 2; ++nt) {
           const int c = n1 + nt * 8 + 2 * tq;
@@ -579,13 +636,15 @@ mma_state_pass(const QT* __restrict__ q, const QT* __restrict__ k,
 template <int K, int V, typename QT>
 struct OutSmem {
   static constexpr int SK = K + 8, SV = V + 4, QK = kC * SK * (int)sizeof(QT) / 4;
-  static constexpr int Qs = 0, Ks = Qs + QK, Us = Ks + QK, gc = Us + kC * SV, floats = gc + kC;
+  static constexpr int Qs = 0, Ks = Qs + QK, Us = Ks + QK, gc = Us + kC * SV, nq = gc + kC,
+                       nk = nq + kC, floats = nk + kC;
   static_assert(kC * kPS <= 2 * QK, "P fits where the queries and keys were");
 };
 
 template <int K, int V, typename QT>
 __global__ void __launch_bounds__(kThreads, 2)
 mma_output(const QT* __restrict__ q, const QT* __restrict__ k,
+             const float* __restrict__ nq, const float* __restrict__ nk,
              const float* __restrict__ gcum, const float* __restrict__ U,
              const float* __restrict__ O1, void* __restrict__ o, int T, int H, int HV,
              float scale, int odt, int NC) {
@@ -598,6 +657,8 @@ mma_output(const QT* __restrict__ q, const QT* __restrict__ k,
   float* Ps = sm;          // [C][PS]  tf32(P), over the queries and keys once they are used
   float* Us = sm + S::Us;  // [C][SV]  the chunk's U (rounded by the state pass)
   float* gc = sm + S::gc;  // [C]
+  float* nqv = sm + S::nq;  // [C] the L2-norm factors of the chunk's queries (1: none)
+  float* nkv = sm + S::nk;  // [C] and keys
   const int bh = blockIdx.x / NC, n = blockIdx.x % NC, b = bh / HV, hv = bh % HV;
   const int h = hv / (HV / H), t0 = n * kC, L = gdn::imin(kC, T - t0);
   const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, gq = lane >> 2, tq = lane & 3;
@@ -607,6 +668,11 @@ mma_output(const QT* __restrict__ q, const QT* __restrict__ k,
   load_tile<kC, V, SV>(Us, U + gdn::ws_row(b, hv, t0, HV, T) * V, V, L, tid);
   cp_commit();
   if (tid < kC) gc[tid] = tid < L ? gcum[gdn::ws_row(b, hv, t0 + tid, HV, T)] : 0.f;
+  else if (tid < 3 * kC) {
+    const int i = (tid - kC) % kC;
+    (tid < 2 * kC ? nqv : nkv)[i] =
+        i < L ? norm_at(tid < 2 * kC ? nq : nk, qk_row(b, t0 + i, h, T, H)) : 1.f;
+  }
   // the warp's output tiles (16 rows x 32 columns, row block alternating as below) start from O1
   float acc[NB][1][4][4];
 #pragma unroll
@@ -641,7 +707,8 @@ mma_output(const QT* __restrict__ q, const QT* __restrict__ k,
 #pragma unroll
       for (int r = 0; r < 4; ++r) {
         const int i = i0 + gq + 8 * (r >> 1), j = n0 + nt * 8 + 2 * tq + (r & 1);
-        Ps[i * kPS + j] = j <= i ? rtf32(pa[0][nt][r] * expf(gc[i] - gc[j])) : 0.f;
+        Ps[i * kPS + j] = j <= i ? rtf32(pa[0][nt][r] * (nqv[i] * nkv[j]) * expf(gc[i] - gc[j]))
+                                 : 0.f;
       }
   }
   cp_wait<0>();
@@ -678,8 +745,8 @@ cudaError_t allow_smem(F* kernel, size_t bytes) {
 
 template <int K, int V, typename QT>
 int launch_mma(const QT* q, const QT* k, const QT* v, const float* g, const float* beta, void* o,
-               float* state, float* gcum, float* W, float* U, float* O1, int B, int T, int H,
-               int HV, float scale, int odt, cudaStream_t s) {
+               float* state, float* gcum, float* W, float* U, float* O1, float* nq, float* nk,
+               int B, int T, int H, int HV, float scale, int odt, cudaStream_t s) {
   const int NC = (T + kC - 1) / kC;
   const size_t s1 = sizeof(float) * PrepSmem<K, V>::floats,
                s2 = sizeof(float) * PassSmem<K, QT>::floats,
@@ -688,22 +755,28 @@ int launch_mma(const QT* q, const QT* k, const QT* v, const float* g, const floa
   if ((err = allow_smem(mma_prepare<K, V, QT>, s1)) != cudaSuccess) return (int)err;
   if ((err = allow_smem(mma_state_pass<K, QT>, s2)) != cudaSuccess) return (int)err;
   if ((err = allow_smem(mma_output<K, V, QT>, s3)) != cudaSuccess) return (int)err;
-  mma_prepare<K, V, QT><<<B * HV * NC, kThreads, s1, s>>>(k, v, g, beta, gcum, W, U, T, H, HV,
-                                                          NC);
-  mma_state_pass<K, QT><<<dim3(B * HV, V / kBV), kThreads, s2, s>>>(q, k, gcum, W, U, O1, state,
-                                                                     T, H, HV, V, NC);
-  mma_output<K, V, QT><<<B * HV * NC, kThreads, s3, s>>>(q, k, gcum, U, O1, o, T, H, HV, scale,
-                                                         odt, NC);
+  if (nq) {  // the L2 norms of q and k, applied by the three kernels
+    const long rows = (long)B * T * H;
+    mma_l2_norms<QT><<<(unsigned)((rows + kThreads / 32 - 1) / (kThreads / 32)), kThreads, 0, s>>>(
+        q, k, nq, nk, rows, K);
+  }
+  mma_prepare<K, V, QT><<<B * HV * NC, kThreads, s1, s>>>(k, v, g, beta, nk, gcum, W, U, T, H,
+                                                          HV, NC);
+  mma_state_pass<K, QT><<<dim3(B * HV, V / kBV), kThreads, s2, s>>>(q, k, nq, nk, gcum, W, U, O1,
+                                                                     state, T, H, HV, V, NC);
+  mma_output<K, V, QT><<<B * HV * NC, kThreads, s3, s>>>(q, k, nq, nk, gcum, U, O1, o, T, H, HV,
+                                                         scale, odt, NC);
   return (int)cudaGetLastError();
 }
 
 template <int K, typename QT>
 int launch_mma_v(const void* q, const void* k, const void* v, const float* g, const float* beta,
-                 void* o, float* state, float* gcum, float* W, float* U, float* O1, int B, int T,
-                 int H, int HV, int V, float scale, int odt, cudaStream_t s) {
+                 void* o, float* state, float* gcum, float* W, float* U, float* O1, float* nq,
+                 float* nk, int B, int T, int H, int HV, int V, float scale, int odt,
+                 cudaStream_t s) {
   const QT *qt = static_cast<const QT*>(q), *kt = static_cast<const QT*>(k),
            *vt = static_cast<const QT*>(v);
-#define GDN_MMA_ARGS qt, kt, vt, g, beta, o, state, gcum, W, U, O1, B, T, H, HV, scale, odt, s
+#define GDN_MMA_ARGS qt, kt, vt, g, beta, o, state, gcum, W, U, O1, nq, nk, B, T, H, HV, scale, odt, s
   switch (V) {
     case 32: return launch_mma<K, 32, QT>(GDN_MMA_ARGS);
     case 64: return launch_mma<K, 64, QT>(GDN_MMA_ARGS);
@@ -716,12 +789,13 @@ int launch_mma_v(const void* q, const void* k, const void* v, const float* g, co
 
 template <typename QT>
 int launch_mma_k(const void* q, const void* k, const void* v, const float* g, const float* beta,
-                 void* o, float* state, float* gcum, float* W, float* U, float* O1, int B, int T,
-                 int H, int HV, int K, int V, float scale, int odt, cudaStream_t s) {
-  return K == 128 ? launch_mma_v<128, QT>(q, k, v, g, beta, o, state, gcum, W, U, O1, B, T, H, HV,
-                                          V, scale, odt, s)
-                  : launch_mma_v<64, QT>(q, k, v, g, beta, o, state, gcum, W, U, O1, B, T, H, HV,
-                                         V, scale, odt, s);
+                 void* o, float* state, float* gcum, float* W, float* U, float* O1, float* nq,
+                 float* nk, int B, int T, int H, int HV, int K, int V, float scale, int odt,
+                 cudaStream_t s) {
+  return K == 128 ? launch_mma_v<128, QT>(q, k, v, g, beta, o, state, gcum, W, U, O1, nq, nk, B,
+                                          T, H, HV, V, scale, odt, s)
+                  : launch_mma_v<64, QT>(q, k, v, g, beta, o, state, gcum, W, U, O1, nq, nk, B, T,
+                                         H, HV, V, scale, odt, s);
 }
 
 }  // namespace
@@ -735,16 +809,17 @@ int gdn_chunked_mma_supported(int K, int V) {
 
 // Tensor-core chunked prefill (chunk 64, fp32 accumulators, tf32 operands). q, k, v: float32
 // (in_dtype 0), bf16 (1) or fp16 (2), all three alike; g, beta float32. Workspace: gcum
-// [B,HV,T], W [B,HV,T,K], U [B,HV,T,V], O1 [B,HV,T,V], float32, provided by the caller.
+// [B,HV,T], W [B,HV,T,K], U [B,HV,T,V], O1 [B,HV,T,V], float32, provided by the caller; nq, nk
+// [B,T,H] float32 for the L2 norm of q and k (qk_l2norm; computed here), or both null for none.
 // o_dtype: 0 float32, 1 bf16, 2 fp16 (o's element type). Returns 0, a cudaError_t code, or -1 for
-// a shape gdn_chunked_mma_supported refuses or an unknown dtype code.
+// a shape gdn_chunked_mma_supported refuses, an unknown dtype code or one norm array alone.
 int gdn_chunked_mma_cuda(const void* q, const void* k, const void* v, const float* g,
                          const float* beta, void* o, float* state, float* gcum, float* W,
-                         float* U, float* O1, int B, int T, int H, int HV, int K, int V,
-                         float scale, int in_dtype, int o_dtype, void* stream) {
-  if (!gdn_chunked_mma_supported(K, V) || o_dtype < 0 || o_dtype > 2) return -1;
+                         float* U, float* O1, float* nq, float* nk, int B, int T, int H, int HV,
+                         int K, int V, float scale, int in_dtype, int o_dtype, void* stream) {
+  if (!gdn_chunked_mma_supported(K, V) || o_dtype < 0 || o_dtype > 2 || !nq != !nk) return -1;
   auto s = static_cast<cudaStream_t>(stream);
-#define GDN_MMA_ARGS q, k, v, g, beta, o, state, gcum, W, U, O1, B, T, H, HV, K, V, scale, o_dtype, s
+#define GDN_MMA_ARGS q, k, v, g, beta, o, state, gcum, W, U, O1, nq, nk, B, T, H, HV, K, V, scale, o_dtype, s
   switch (in_dtype) {
     case 0: return launch_mma_k<float>(GDN_MMA_ARGS);
     case 1: return launch_mma_k<__nv_bfloat16>(GDN_MMA_ARGS);

@@ -76,6 +76,22 @@ def _shape(K=128, V=128):
     return check_gdn(x["q"], x["k"], x["v"], x["g"], x["beta"], None, None)
 
 
+def test_staged_l2norm_outside_the_mma_path():
+    # CPU: q and k are normalized by the staging (float32); only the mma path normalizes itself
+    from workbench.kernels.gdn._checks import l2norm
+    x = make_inputs(1, 5, 1, 2, 8, 8, dtype=torch.bfloat16)
+    st = ext.staged("chunked", **x, qk_l2norm=True)
+    assert st.path == "scalar" and not st.qk_l2norm
+    assert torch.equal(st.tensors[0], l2norm(x["q"].float())) and st.tensors[2].dtype == torch.float32
+    o = torch.empty(1, 5, 2, 8)
+    with pytest.raises(KernelArgumentError, match="qk_l2norm"):
+        ext.launch("chunked", st.s, st.chunk, st.acc64, st.tensors, st.state.clone(), o,
+                   qk_l2norm=True)
+    ext.launch("chunked", st.s, st.chunk, st.acc64, st.tensors, st.state.clone(), o)
+    ref, _ = gdn.chunked(**x, qk_l2norm=True, backend="ext", policy=Policy(output_dtype="fp32"))
+    assert torch.equal(o, ref)
+
+
 def test_cuda_path_choice(monkeypatch):
     # CPU: the launcher's path logic, no GPU needed
     monkeypatch.delenv("WORKBENCH_GDN_CUDA_PATH", raising=False)
@@ -158,15 +174,17 @@ def test_cuda_mma_against_oracle(case, monkeypatch):
 @pytest.mark.gpu
 def test_cuda_mma_writes_output_dtype(monkeypatch):
     """The mma kernel writes bf16/fp16 o itself: bit-equal to its float32 o rounded by torch."""
-    from workbench.kernels.gdn._launch import stage
     monkeypatch.setenv("WORKBENCH_GDN_CUDA_PATH", "mma")
     x = make_inputs(1, 150, 2, 4, 128, 128, dtype=torch.bfloat16, state=True, seed=13,
                     device="cuda")
-    s, _, _, tensors, state, _ = stage("ext", **x, scale=None, qk_l2norm=True, policy=None)
+    st = ext.staged("chunked", **x, qk_l2norm=True)       # as the API stages them
+    s, tensors, state = st.s, st.tensors, st.state
+    assert st.qk_l2norm                                   # the kernels normalize q and k
     outs = {}
     for dt in (torch.float32, torch.bfloat16, torch.float16):
         outs[dt] = torch.full((s.B, s.T, s.HV, s.V), float("nan"), dtype=dt, device="cuda")
-        ext.launch("chunked", s, 64, 0, tensors, state.clone(), outs[dt], path="mma")
+        ext.launch("chunked", s, 64, 0, tensors, state.clone(), outs[dt], path="mma",
+                   qk_l2norm=True)
     assert torch.isfinite(outs[torch.float32]).all()
     assert torch.equal(outs[torch.bfloat16], outs[torch.float32].bfloat16())
     assert torch.equal(outs[torch.float16], outs[torch.float32].half())
@@ -191,8 +209,9 @@ def test_cuda_mma_reads_16bit_inputs(dtype, K, V, T, monkeypatch):
     x = make_inputs(1, T, 2, 4, K, V, dtype=dtype, state=True, seed=17, device="cuda")
     # keys normalized by the caller (raw random keys make the recurrence blow up in float32)
     x["q"], x["k"] = (l2norm(x[n].float()).to(dtype) for n in ("q", "k"))
-    s, _, C, acc64, t16, state, _, path = ext.staged("chunked", **x)
-    assert path == "mma" and all(t.dtype == dtype for t in t16[:3])
+    st = ext.staged("chunked", **x)
+    s, C, acc64, t16, state = st.s, st.chunk, st.acc64, st.tensors, st.state
+    assert st.path == "mma" and not st.qk_l2norm and all(t.dtype == dtype for t in t16[:3])
     t32 = (*(t.float() for t in t16[:3]), *t16[3:])
     o16, o32 = (torch.full((s.B, s.T, s.HV, s.V), float("nan"), device="cuda") for _ in range(2))
     s16, s32 = state.clone(), state.clone()
@@ -206,6 +225,27 @@ def test_cuda_mma_reads_16bit_inputs(dtype, K, V, T, monkeypatch):
     with pytest.raises(KernelArgumentError, match="all three"):
         ext.launch("chunked", s, C, acc64, (t16[0], t32[1], *t16[2:]), state.clone(), o16,
                    path="mma")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+@pytest.mark.parametrize("K,V,T", [(128, 128, 150), (64, 96, 200)])
+def test_cuda_mma_l2norm_in_kernel(dtype, K, V, T, monkeypatch):
+    """qk_l2norm on the mma path is applied by the kernels to the products of the raw q and k:
+    close to normalizing q and k first (which rounds the normalized values to tf32), and both
+    within the tolerance of the oracle."""
+    from workbench.kernels.gdn._checks import l2norm
+    monkeypatch.setenv("WORKBENCH_GDN_CUDA_PATH", "mma")
+    x = make_inputs(2, T, 2, 4, K, V, dtype=dtype, state=True, seed=21, device="cuda")
+    f32 = Policy(output_dtype="fp32")
+    o, st = gdn.chunked(**x, qk_l2norm=True, backend="ext", policy=f32)
+    pre = {**x, "q": l2norm(x["q"].float()), "k": l2norm(x["k"].float()), "v": x["v"].float()}
+    o_pre, st_pre = gdn.chunked(**pre, backend="ext", policy=f32)
+    ro, rs = gdn.chunked(**x, qk_l2norm=True, backend="oracle")
+    assert torch.isfinite(o).all() and torch.isfinite(st).all()
+    assert workbench.compare(o_pre, o).rel_l2 <= 2e-3 and workbench.compare(st_pre, st).rel_l2 <= 2e-3
+    assert workbench.compare(ro, o).rel_l2 <= 5e-3 and workbench.compare(rs, st).rel_l2 <= 5e-3
+    assert ext.staged("chunked", **x, qk_l2norm=True).qk_l2norm
 
 
 @pytest.mark.gpu

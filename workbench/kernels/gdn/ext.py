@@ -10,8 +10,9 @@ materialized in ``policy.input_dtype`` when set, o is rounded to ``policy.output
 The CUDA chunked form has two paths (``cuda_path``): ``scalar`` (plain fp32 FMAs, the element code
 of ``gdn_common.h``) and ``mma`` (``gdn_mma.cu``: tensor cores, tf32 operands rounded to nearest,
 fp32 accumulators; chunk 64, K in {64, 128}, V in {32, 64, 96, 128}; o written in the output
-dtype by the kernel; bf16 / fp16 q, k, v read as given when no L2 norm is applied, which gives
-the same result as widening them first, since they are exact in tf32). ``auto`` takes ``mma``
+dtype by the kernel; bf16 / fp16 q, k, v read as given, which gives the same result as widening
+them first, since they are exact in tf32; ``qk_l2norm`` applied by the kernels to the products
+they form from the raw q and k). ``auto`` takes ``mma``
 for bf16/fp16 inputs (after ``policy.input_dtype``) when the shape fits and the accumulator is
 fp32, else ``scalar``; ``WORKBENCH_GDN_CUDA_PATH=scalar|mma|auto`` overrides.
 """
@@ -21,6 +22,7 @@ from __future__ import annotations
 import ctypes
 import os
 from functools import lru_cache
+from typing import NamedTuple
 
 import torch
 
@@ -28,6 +30,7 @@ from workbench.errors import BackendUnavailableError, KernelArgumentError
 from workbench.kernels import _native
 # the helper ops run through the torch implementation (same keyword signatures)
 from workbench.kernels.gdn.torch_ref import causal_conv1d, gated_rmsnorm, gates  # noqa: F401
+from workbench.kernels.gdn._checks import l2norm
 from workbench.kernels.gdn._launch import stage
 from workbench.numerics.dtypes import torch_dtype
 
@@ -73,7 +76,7 @@ def library(kind: str) -> ctypes.CDLL:
             inv.argtypes, inv.restype = [_P, _P, _I], _I
         if kind == "cuda":
             mma = lib.gdn_chunked_mma_cuda
-            mma.argtypes, mma.restype = [_P] * 11 + [_I] * 6 + [_F, _I, _I, _P], _I
+            mma.argtypes, mma.restype = [_P] * 13 + [_I] * 6 + [_F, _I, _I, _P], _I
         lib._gdn_typed = True
     return lib
 
@@ -116,41 +119,58 @@ def cuda_path(s, C, acc64, input_dtype=None) -> str:
     return want
 
 
+class Staged(NamedTuple):
+    """What ``recurrent`` / ``chunked`` hand to :func:`launch` (see :func:`staged`)."""
+    s: object             # the checked shape
+    policy: object
+    chunk: int
+    acc64: int
+    tensors: tuple        # q, k, v, g, beta, contiguous
+    state: torch.Tensor   # float32 copy of the initial state (or zeros)
+    out: torch.dtype      # o's dtype
+    path: str             # CUDA chunked path: "mma" or "scalar"
+    qk_l2norm: bool       # the L2 norm of q and k is still to be applied (by the mma kernels)
+
+
 def staged(op, q, k, v, g, beta, scale=None, initial_state=None, qk_l2norm=False, policy=None,
-           chunk_size=None):
-    """What ``recurrent`` / ``chunked`` hand to :func:`launch`: (shape, policy, chunk, acc64,
-    tensors, state, out dtype, CUDA path). q, k, v stay bf16 / fp16 for the mma path (no L2 norm
-    applied here), else they are widened to float32."""
-    s, p, C, tensors, state, out = stage("ext", q, k, v, g, beta, scale, initial_state,
-                                         qk_l2norm, policy, chunk_size, widen=False)
+           chunk_size=None) -> Staged:
+    """Inputs as the kernels of ``op`` take them. On the mma path q, k, v stay bf16 / fp16 (else
+    they are widened to float32) and ``qk_l2norm`` is left to the kernels; elsewhere q and k are
+    normalized here, in float32."""
+    s, p, C, tensors, state, out = stage("ext", q, k, v, g, beta, scale, initial_state, False,
+                                         policy, chunk_size, widen=False)
     acc64 = int(p.accum_dtype == "fp64")
     path = "scalar"
     if op == "chunked" and tensors[0].is_cuda:
         path = cuda_path(s, C, acc64, torch_dtype(p.input_dtype) if p.input_dtype else q.dtype)
     if not (path == "mma" and tensors[0].dtype in (torch.bfloat16, torch.float16)):
         tensors = (*(x.to(torch.float32).contiguous() for x in tensors[:3]), *tensors[3:])
-    return s, p, C, acc64, tensors, state, out, path
+    if qk_l2norm and path != "mma":
+        tensors = (l2norm(tensors[0]).contiguous(), l2norm(tensors[1]).contiguous(), *tensors[2:])
+    return Staged(s, p, C, acc64, tensors, state, out, path, bool(qk_l2norm and path == "mma"))
 
 
 def _run(op, q, k, v, g, beta, scale, initial_state, qk_l2norm, policy, chunk_size=None):
-    s, p, C, acc64, tensors, state, out, path = staged(op, q, k, v, g, beta, scale, initial_state,
-                                                       qk_l2norm, policy, chunk_size)
+    st = staged(op, q, k, v, g, beta, scale, initial_state, qk_l2norm, policy, chunk_size)
+    s, C, acc64, tensors, state, out, path = (st.s, st.chunk, st.acc64, st.tensors, st.state,
+                                              st.out, st.path)
     # the mma path writes o in the output dtype itself (round to nearest even, as .to() does)
     odt = out if path == "mma" and out in MMA_OUT else torch.float32
     o = torch.empty(s.B, s.T, s.HV, s.V, dtype=odt, device=tensors[0].device)
     if s.T > 0:
-        launch(op, s, C, acc64, tensors, state, o, path=path)
+        launch(op, s, C, acc64, tensors, state, o, path=path, qk_l2norm=st.qk_l2norm)
     return o.to(out), state
 
 
-def launch(op, s, C, acc64, tensors, state, o, path="scalar"):
+def launch(op, s, C, acc64, tensors, state, o, path="scalar", qk_l2norm=False):
     """Run the native kernel on staged contiguous tensors (float32; see ``path`` for the mma
     path's bf16 / fp16); ``state`` is updated in place.
 
     ``path`` ("scalar" or "mma") picks the CUDA chunked kernels; CPU tensors and the recurrence
     always run the scalar code. ``o`` is float32, except on the mma path, which also writes bf16
     or fp16 ``o`` directly (rounded to nearest even from its float32 result) and also reads bf16
-    or fp16 q, k, v (all three alike; g and beta float32).
+    or fp16 q, k, v (all three alike; g and beta float32) and applies ``qk_l2norm`` itself
+    (other paths take q and k normalized already).
     """
     q = tensors[0]
     kind = "cuda" if q.is_cuda else "cpu"
@@ -160,6 +180,9 @@ def launch(op, s, C, acc64, tensors, state, o, path="scalar"):
     if kind == "cuda" and op == "recurrent" and s.K not in CUDA_K:
         raise KernelArgumentError(f"q: expected K in {CUDA_K} for the CUDA recurrence, got K={s.K}",
                                   key="q", fix="use backend='torch' or the chunked form")
+    if qk_l2norm and not (kind == "cuda" and op == "chunked" and path == "mma"):
+        raise KernelArgumentError("qk_l2norm: only the mma path applies the L2 norm itself; "
+                                  "normalize q and k first (ext.staged does)", key="qk_l2norm")
     lib = library(kind)
     ptrs = [x.data_ptr() for x in (*tensors, o, state)]
     dims = [s.B, s.T, s.H, s.HV, s.K, s.V]
@@ -187,7 +210,10 @@ def launch(op, s, C, acc64, tensors, state, o, path="scalar"):
                 raise KernelArgumentError(
                     f"q, k, v: the mma path reads one of {list(MMA_IN)} for all three, got "
                     f"{[x.dtype for x in tensors[:3]]}", key="q")
-            rc = lib.gdn_chunked_mma_cuda(*ptrs, *(w.data_ptr() for w in (*ws, o1)), *dims,
+            # the L2-norm factors of the q and k rows (computed by the kernels), or none
+            norms = [torch.empty(s.B, s.T, s.H, **f32) for _ in range(2)] if qk_l2norm else []
+            nptr = [n.data_ptr() for n in norms] if qk_l2norm else [None, None]
+            rc = lib.gdn_chunked_mma_cuda(*ptrs, *(w.data_ptr() for w in (*ws, o1)), *nptr, *dims,
                                           s.scale, MMA_IN[q.dtype], MMA_OUT[o.dtype], *extra)
             if rc != 0:
                 raise BackendUnavailableError(f"native gdn chunked (cuda, mma) failed with code {rc}",
