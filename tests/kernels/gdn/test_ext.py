@@ -9,6 +9,7 @@ from workbench.errors import KernelArgumentError
 from workbench.kernels import _native, gdn
 from workbench.kernels.gdn import ext, oracle
 from workbench.kernels.gdn._cases import case_id, make_inputs
+from workbench.kernels.gdn._checks import l2norm
 from workbench.numerics.policy import Policy
 
 CASES = [
@@ -78,7 +79,6 @@ def _shape(K=128, V=128):
 
 def test_staged_l2norm_outside_the_mma_path():
     # CPU: q and k are normalized by the staging (float32); only the mma path normalizes itself
-    from workbench.kernels.gdn._checks import l2norm
     x = make_inputs(1, 5, 1, 2, 8, 8, dtype=torch.bfloat16)
     st = ext.staged("chunked", **x, qk_l2norm=True)
     assert st.path == "scalar" and not st.qk_l2norm
@@ -204,7 +204,6 @@ def test_cuda_mma_writes_output_dtype(monkeypatch):
 def test_cuda_mma_reads_16bit_inputs(dtype, K, V, T, monkeypatch):
     """bf16 / fp16 q, k, v read by the mma kernels as given: bit-equal to widening them first
     (they are exact in tf32), o and state; the API takes that path; mixed dtypes are refused."""
-    from workbench.kernels.gdn._checks import l2norm
     monkeypatch.setenv("WORKBENCH_GDN_CUDA_PATH", "mma")
     x = make_inputs(1, T, 2, 4, K, V, dtype=dtype, state=True, seed=17, device="cuda")
     # keys normalized by the caller (raw random keys make the recurrence blow up in float32)
@@ -234,7 +233,6 @@ def test_cuda_mma_l2norm_in_kernel(dtype, K, V, T, monkeypatch):
     """qk_l2norm on the mma path is applied by the kernels to the products of the raw q and k:
     close to normalizing q and k first (which rounds the normalized values to tf32), and both
     within the tolerance of the oracle."""
-    from workbench.kernels.gdn._checks import l2norm
     monkeypatch.setenv("WORKBENCH_GDN_CUDA_PATH", "mma")
     x = make_inputs(2, T, 2, 4, K, V, dtype=dtype, state=True, seed=21, device="cuda")
     f32 = Policy(output_dtype="fp32")
