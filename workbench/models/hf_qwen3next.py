@@ -87,7 +87,7 @@ def workbench_gdn(*, backend: str = "torch", policy: Policy | None = None) -> It
         m.torch_chunk_gated_delta_rule, m.torch_recurrent_gated_delta_rule = saved
 
 
-def write_hf_capture(c, path: Path, *, regenerate: str) -> list[int]:
+def write_hf_capture(c, path: Path, *, regenerate: str, arithmetic: dict | None = None) -> list[int]:
     """Record one HF arm of :data:`workbench.models.sample.CAPTURES` (``c.name`` ends with
     ``-control``: the model's own GDN; ``-candidate``: :func:`workbench_gdn`)."""
     import transformers
@@ -102,13 +102,13 @@ def write_hf_capture(c, path: Path, *, regenerate: str) -> list[int]:
            "prompt": {"length": HF_PROMPT, "seed": 1}, "decode_steps": HF_DECODE,
            "gdn": ("workbench.kernels.gdn chunked/recurrent, backend torch, default Policy" if patched
                    else "transformers torch_chunk_gated_delta_rule / torch_recurrent_gated_delta_rule"),
-           "include": HF_INCLUDE, "regenerate": regenerate}
+           "include": HF_INCLUDE, "regenerate": regenerate, "arithmetic": arithmetic or {}}
     if c.control is not None:
         run["compare_with"] = {"control": c.control, "aa": c.aa}
     if c.expect is not None:
         run["expect"] = {**c.expect, "how": f"workbench compare captures/{c.control} captures/{c.name}"}
     ctx = workbench_gdn(backend="torch", policy=Policy()) if patched else contextlib.nullcontext()
-    with ctx, torch.no_grad(), record(model, path, arm=c.name, run=run, include=HF_INCLUDE) as rec:
+    with ctx, torch.no_grad(), record(model, path, arm=c.name, run=run, include=HF_INCLUDE, overwrite=True) as rec:
         out = model.generate(ids, max_new_tokens=HF_DECODE, do_sample=False, min_new_tokens=HF_DECODE)
         tokens = [int(t) for t in out[0, ids.shape[1]:]]
         rec.writer.run["tokens"] = tokens

@@ -6,14 +6,16 @@ Every capture's run metadata holds ``description``, the model and arm configurat
 a key), how to see it (``how``: the compare call) and a one-line explanation (``why``). The
 catalogue is :data:`CAPTURES`; docs/models.md describes each entry.
 
-Regeneration is deterministic on one machine (CPU, fixed seeds); another CPU may reassociate fp32
-sums differently, so the test compares values within 1e-5 relative L2 and the tokens exactly.
+Regeneration is bitwise reproducible on any x86-64 CPU (AVX2 or AVX-512, Intel or AMD): the
+captures are recorded in a child process with the portable arithmetic of
+:mod:`workbench.numerics.portable` (fixed seeds, baseline ATen kernels, MKL's reproducible path,
+one thread), and each capture's ``run["arithmetic"]`` records what the bits still depend on (the
+torch version and the C library).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -220,7 +222,7 @@ def _arm_metadata(c: SampleCapture, model: HybridDecoder) -> dict[str, Any]:
             "decode_steps": DECODE_STEPS}
 
 
-def _write_hybrid(c: SampleCapture, path: Path) -> None:
+def _write_hybrid(c: SampleCapture, path: Path, arithmetic: dict) -> None:
     extra: dict[str, Any] = {}
     if c.model == "tie":
         model, extra["tie"] = tie_model(c.arm)
@@ -228,7 +230,8 @@ def _write_hybrid(c: SampleCapture, path: Path) -> None:
         model, extra["splitk"] = splitk_model(c.arm)
     else:
         model = base_model()
-    run = {"description": c.description, **_arm_metadata(c, model), **extra, "regenerate": REGENERATE}
+    run = {"description": c.description, **_arm_metadata(c, model), **extra, "regenerate": REGENERATE,
+           "arithmetic": arithmetic}
     if c.control is not None:
         run["compare_with"] = {"control": c.control, "aa": c.aa}
     if c.expect is not None:
@@ -249,27 +252,59 @@ def _expect(c: SampleCapture) -> dict:
 
 
 def write_samples(out: str | Path = "captures", *, overwrite: bool = False,
-                  only: list[str] | None = None) -> list[Path]:
+                  only: list[str] | None = None, portable: bool = True) -> list[Path]:
     """Record the bundled captures under ``out``; returns their paths.
 
     ``only`` restricts to some names of :data:`CAPTURES`. An existing capture is replaced only with
-    ``overwrite=True``.
+    ``overwrite=True`` (atomically, when the new one is complete: see CaptureWriter).
+    ``portable`` (default) computes in a child process with :mod:`workbench.numerics.portable`'s
+    environment, so that the captures are the same bits on every x86-64 CPU; ``portable=False``
+    records in this process with whatever kernels torch picked for this CPU.
     """
+    from workbench.errors import CaptureError
+    from workbench.numerics import portable as _portable
+
     out = Path(out)
-    paths = []
-    for name, c in CAPTURES.items():
-        if only is not None and name not in only:
-            continue
+    names = [n for n in CAPTURES if only is None or n in only]
+    unknown = sorted(set(only or ()) - set(CAPTURES))
+    if unknown:
+        raise CaptureError(f"unknown sample capture(s) {unknown}", key="only", fix=f"choose from {sorted(CAPTURES)}")
+    for name in names:
         path = out / name
-        if path.exists() and any(path.iterdir()) and not overwrite:
-            from workbench.errors import CaptureError
+        if path.exists() and (not path.is_dir() or any(path.iterdir())) and not overwrite:
             raise CaptureError("capture directory exists", file=path, fix="pass overwrite=True (workbench samples does)")
-        if path.exists() and overwrite:
-            shutil.rmtree(path)
+    if portable and not _portable.is_portable()[0]:
+        _portable.run_portable("workbench.models.sample",
+                               ["--out", str(out), *(["--overwrite"] if overwrite else []), *names])
+        return [out / n for n in names]
+    if portable:
+        _portable.enter_portable()
+    arithmetic = _portable.arithmetic()
+    paths = []
+    for name in names:
+        c = CAPTURES[name]
+        path = out / name
         if c.model == "hf":
             from workbench.models.hf_qwen3next import write_hf_capture
-            write_hf_capture(c, path, regenerate=REGENERATE)
+            write_hf_capture(c, path, regenerate=REGENERATE, arithmetic=arithmetic)
         else:
-            _write_hybrid(c, path)
+            _write_hybrid(c, path, arithmetic)
         paths.append(path)
     return paths
+
+
+def _main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m workbench.models.sample",
+                                 description="record the bundled sample captures (portable arithmetic)")
+    ap.add_argument("--out", default="captures")
+    ap.add_argument("--overwrite", action="store_true")
+    ap.add_argument("names", nargs="*")
+    a = ap.parse_args(argv)
+    write_samples(a.out, overwrite=a.overwrite, only=a.names or None)
+    return 0
+
+
+if __name__ == "__main__":  # the child process of write_samples(portable=True)
+    raise SystemExit(_main())

@@ -50,6 +50,16 @@ def test_cpu_build_matches_oracle(case):
     assert yb.dtype == torch.bfloat16 and torch.equal(yb, y.bfloat16())
 
 
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"M{c[0]}-N{c[1]}-K{c[2]}-S{c[3]}-{c[4]}part-{c[5]}")
+def test_cpu_build_equals_torch_backend_bitwise(case):
+    # two implementations of one arithmetic (each slice summed in fp32 in k order, no FMA, the
+    # partial rounded once, the partials reduced in the stated order): every bit agrees
+    M, N, K, S, part, order = case
+    x, w = _xw(M, N, K)
+    kw = dict(splits=S, partial_dtype=part, order=order, out_dtype="fp32")
+    assert torch.equal(splitk_matmul(x, w, backend="ext", **kw), splitk_matmul(x, w, backend="torch", **kw))
+
+
 @pytest.mark.skipif(_native.find_nvcc() is None, reason="nvcc not installed")
 def test_cuda_source_compiles_with_nvcc():
     path = _native.build("gemm", ["gemm/gemm_cuda.cu"], kind="cuda", headers=["gemm/gemm_elem.h", "qsa/qsa_elem.h"])
