@@ -29,6 +29,8 @@ __all__ = [
     "ImporterError",
     "FileNameError",
     "CaptureBudgetError",
+    "CaptureLockedError",
+    "DiskFullError",
     "KernelArgumentError",
     "BackendUnavailableError",
     "UnknownBackendError",
@@ -144,6 +146,14 @@ class FileNameError(ImporterError):
 
 class CaptureBudgetError(CaptureError):
     """The recorder reached its byte cap."""
+
+
+class CaptureLockedError(CaptureError):
+    """Another CaptureWriter holds the capture's lock."""
+
+
+class DiskFullError(CaptureError):
+    """The file system ran out of space while a capture was written (nothing was committed)."""
 
 
 class KernelArgumentError(WorkbenchError, ValueError):

@@ -1,4 +1,8 @@
+import errno
 import json
+import signal
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -6,7 +10,9 @@ import torch
 from safetensors import safe_open
 
 from workbench.capture import CaptureWriter, open_capture
-from workbench.errors import CaptureError, DuplicateKeyError, IncompleteCaptureError
+from workbench.capture.writer import MARKER
+from workbench.errors import (CaptureError, CaptureLockedError, DiskFullError, DuplicateKeyError,
+                              IncompleteCaptureError)
 
 DTYPES = [torch.float64, torch.float32, torch.bfloat16, torch.float16, torch.float8_e4m3fn,
           torch.int64, torch.int32, torch.int8, torch.uint8, torch.bool]
@@ -112,3 +118,164 @@ def test_manifest_is_columnar_and_complete(tmp_path):
     assert m["format"] == "workbench-capture" and m["version"] == 1 and m["count"] == 1
     assert m["tensors"]["shape"] == [[2, 2]] and m["tensors"]["dtype"] == ["fp32"]
     assert len(m["shards"][0]["sha256"]) == 64
+
+
+# -- nothing a user wrote is lost -------------------------------------------------------------
+
+def _capture(path, arm="old", n=3):
+    with CaptureWriter(path, arm=arm) as w:
+        for i in range(n):
+            w.add(torch.full((4,), float(i)), step=i, op="o", name="n")
+    return path
+
+
+@pytest.mark.parametrize("files", [
+    {".ssh/id_ed25519": "key"}, {".git/HEAD": "ref"}, {"model.safetensors": "weights"},
+    {"config.json": "{}", "model.safetensors": "w"}, {"part.tmp": "x"}, {"notes.txt": "mine"},
+], ids=["dotdir-ssh", "dotdir-git", "safetensors-only", "hf-model-folder", "tmp-only", "text"])
+def test_overwrite_refuses_what_is_not_a_capture(tmp_path, files):
+    d = tmp_path / "d"
+    for rel, text in files.items():
+        (d / rel).parent.mkdir(parents=True, exist_ok=True)
+        (d / rel).write_text(text)
+    with pytest.raises(CaptureError, match="does not look like a capture") as e:
+        CaptureWriter(d, arm="a", overwrite=True)
+    assert str(d) in str(e.value)
+    for rel, text in files.items():
+        assert (d / rel).read_text() == text
+    assert not list(tmp_path.glob(".d.wb-*"))  # no lock or staging left behind
+
+
+def test_overwrite_refuses_a_capture_with_foreign_files(tmp_path):
+    d = _capture(tmp_path / "d")
+    (d / "notes.txt").write_text("mine")
+    with pytest.raises(CaptureError, match="notes.txt"):
+        CaptureWriter(d, arm="a", overwrite=True)
+    assert (d / "notes.txt").read_text() == "mine" and open_capture(d).arm == "old"
+
+
+def test_overwrite_keeps_the_old_capture_until_close(tmp_path):
+    d = _capture(tmp_path / "d")
+    w = CaptureWriter(d, arm="new", overwrite=True, shard_bytes=8)
+    w.add(torch.ones(16), op="o", name="fresh")  # flushed to a shard: written, not committed
+    old = open_capture(d)
+    assert old.arm == "old" and old.verify().ok and len(old) == 3
+    w.close()
+    new = open_capture(d)
+    assert new.arm == "new" and new.keys() == [(0, 0, -1, "o", "fresh")] and new.verify().ok
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d"]  # old copy, staging and lock removed
+
+
+def test_an_exception_while_overwriting_leaves_the_old_capture(tmp_path):
+    d = _capture(tmp_path / "d")
+    with pytest.raises(RuntimeError):
+        with CaptureWriter(d, arm="new", overwrite=True) as w:
+            w.add(torch.ones(2), op="o", name="x")
+            raise RuntimeError("model crashed")
+    assert open_capture(d).arm == "old" and open_capture(d).verify().ok
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d"]
+
+
+def test_an_incomplete_capture_of_ours_may_be_overwritten(tmp_path):
+    d = tmp_path / "d"
+    w = CaptureWriter(d, arm="a", shard_bytes=8)
+    w.add(torch.ones(4), op="o", name="x")
+    w.abort()
+    assert (d / MARKER).exists() and not (d / "manifest.json").exists()
+    with CaptureWriter(d, arm="b", overwrite=True) as w:
+        w.add(torch.zeros(1), op="o", name="y")
+    assert open_capture(d).arm == "b"
+
+
+_KILLED_WRITER = """
+import os, signal, sys, torch
+from workbench.capture.writer import CaptureWriter
+w = CaptureWriter(sys.argv[1], arm="new", overwrite=True, shard_bytes=8)
+w.add(torch.ones(64), op="o", name="x")
+print("flushed", flush=True)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_sigkill_while_overwriting_leaves_the_old_capture(tmp_path):
+    d = _capture(tmp_path / "d")
+    proc = subprocess.run([sys.executable, "-c", _KILLED_WRITER, str(d)], capture_output=True, text=True)
+    assert proc.returncode == -signal.SIGKILL and "flushed" in proc.stdout, proc.stderr
+    assert open_capture(d).arm == "old" and open_capture(d).verify().ok
+    with CaptureWriter(d, arm="next", overwrite=True) as w:  # the dead writer's staging is cleaned up
+        w.add(torch.ones(1), op="o", name="n")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d"] and open_capture(d).arm == "next"
+
+
+def test_two_writers_on_one_directory(tmp_path):
+    d = tmp_path / "d"
+    w1 = CaptureWriter(d, arm="a")
+    with pytest.raises(CaptureLockedError, match="another CaptureWriter"):
+        CaptureWriter(d, arm="b")
+    w1.add(torch.ones(1), op="o", name="n")
+    with pytest.raises(CaptureLockedError):
+        CaptureWriter(d, arm="b", overwrite=True)
+    code = ("import sys; from workbench.capture.writer import CaptureWriter\n"
+            "from workbench.errors import CaptureLockedError\n"
+            "try:\n    CaptureWriter(sys.argv[1], arm='c', overwrite=True)\n"
+            "except CaptureLockedError:\n    sys.exit(7)\n")
+    assert subprocess.run([sys.executable, "-c", code, str(d)]).returncode == 7  # another process
+    w1.close()
+    assert open_capture(d).arm == "a"
+    with CaptureWriter(d, arm="b", overwrite=True) as w2:  # the lock went with close()
+        w2.add(torch.ones(1), op="o", name="n")
+    assert open_capture(d).arm == "b"
+
+
+def test_non_finite_tags_are_refused_at_add_and_nothing_is_lost(tmp_path):
+    with CaptureWriter(tmp_path / "c", arm="a") as w:
+        w.add(torch.ones(1), op="o", name="kept", scale=0.5)
+        for bad in (float("nan"), float("inf"), -float("inf")):
+            with pytest.raises(CaptureError, match="tag 'scale'.*NaN or Inf"):
+                w.add(torch.ones(1), op="o", name="m", scale=bad)
+        with pytest.raises(CaptureError, match="Unicode"):
+            w.add(torch.ones(1), op="o\ud800", name="m")
+        w.add(torch.ones(1), op="o", name="m", tensor="x")  # a tag may be called 'tensor'
+    cap = open_capture(tmp_path / "c")
+    assert [k[-1] for k in cap.keys()] == ["kept", "m"] and cap.index["tags"][1] == {"tensor": "x"}
+
+
+class _FullDisk:
+    def __init__(self, path, room):
+        self.f, self.room = open(path, "wb"), room
+
+    def write(self, b):
+        n = len(memoryview(b).cast("B"))
+        if n > self.room:
+            raise OSError(errno.ENOSPC, "No space left on device", str(self.f.name))
+        self.room -= n
+        return self.f.write(b)
+
+    def __getattr__(self, k):
+        return getattr(self.f, k)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *a):
+        self.f.close()
+
+
+def test_a_full_disk_is_a_typed_error_and_leaves_no_partial_files(tmp_path, monkeypatch):
+    import workbench.capture.writer as writer_mod
+
+    d = _capture(tmp_path / "d")
+    monkeypatch.setattr(writer_mod, "_open_shard", lambda p: _FullDisk(p, room=100))
+    with pytest.raises(DiskFullError) as e:
+        with CaptureWriter(d, arm="new", overwrite=True) as w:
+            w.add(torch.ones(1000), op="o", name="big")
+    msg = str(e.value)
+    assert "no space left" in msg and "bytes free" in msg and "tensor bytes written" in msg and "fix:" in msg
+    assert open_capture(d).arm == "old" and open_capture(d).verify().ok
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d"]
+    assert not list(d.glob("*.tmp"))
+    fresh = tmp_path / "fresh"
+    with pytest.raises(DiskFullError):
+        with CaptureWriter(fresh, arm="new") as w:
+            w.add(torch.ones(1000), op="o", name="big")
+    assert not list(fresh.glob("*.tmp"))  # an incomplete capture of ours, no half shard

@@ -188,3 +188,13 @@ def test_fuzz_arbitrary_patterns_and_paths_only_raise_typed_errors(pattern, path
         match_path(rx, fields, path)
     except FileNameError:
         pass
+
+
+def test_import_with_overwrite_never_deletes_its_own_source(tmp_path):
+    d = tmp_path / "d"
+    d.mkdir()
+    torch.save(torch.ones(2), d / "a.0.x.pt")
+    for dst in (d, d / "sub"):
+        with pytest.raises(ImporterError, match="the dump being imported"):
+            import_capture("folder", d, dst, pattern="{op}.{layer}.{name}.pt", overwrite=True)
+    assert sorted(p.name for p in d.iterdir()) == ["a.0.x.pt"]

@@ -51,12 +51,14 @@ def test_builtins_listed_and_available(registry):
 
 def test_register_and_import_capture_with_options(registry, tmp_path):
     imp.register_importer("one", OneTensor)
-    cap = imp.import_capture("one", tmp_path, tmp_path / "cap", arm="a", value=3.0)
+    src = tmp_path / "dump"  # outside the destinations: a destination inside its source is refused
+    src.mkdir()
+    cap = imp.import_capture("one", src, tmp_path / "cap", arm="a", value=3.0)
     assert torch.equal(cap.get(op="x"), torch.full((2,), 3.0))
     assert workbench.import_capture is imp.import_capture
     with pytest.raises(ImporterError, match=r"valid options are \['arm', 'run', 'value'\]"):
-        imp.import_capture("one", tmp_path, tmp_path / "cap2", valeu=3.0)
-    cap = imp.import_capture("one", tmp_path, tmp_path / "cap3", arm="a", value="2.5")  # text from the CLI
+        imp.import_capture("one", src, tmp_path / "cap2", valeu=3.0)
+    cap = imp.import_capture("one", src, tmp_path / "cap3", arm="a", value="2.5")  # text from the CLI
     assert float(cap.get(op="x")[0]) == 2.5
     with pytest.raises(ImporterError, match="already registered"):
         imp.register_importer("one", Unavailable)
@@ -96,7 +98,7 @@ def test_entry_point_plugins_load_and_broken_ones_warn(registry, monkeypatch, tm
     assert infos["sglang"].source == "builtin"
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        cap = imp.import_capture("good", tmp_path, tmp_path / "cap")  # loading one plugin ignores others
+        cap = imp.import_capture("good", tmp_path / "src", tmp_path / "cap")  # loading one plugin ignores others
     assert len(cap) == 1
     with pytest.raises(ImporterError, match="failed to load"):
         imp.import_capture("broken", tmp_path, tmp_path / "cap2")

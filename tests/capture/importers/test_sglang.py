@@ -200,3 +200,24 @@ def test_fuzz_arbitrary_names_only_raise_file_name_error(s):
         return
     assert f["name"] and s.endswith(".pt")
     split_dump_name(f["name"], None)  # never raises
+
+
+def test_non_finite_meta_values_are_kept_as_strings(tmp_path):
+    src = tmp_path / "dump"
+    src.mkdir()
+    fields = dict(step=0, rank=0, dump_index=1, name="x", layer_id=0)
+    torch.save({"value": torch.ones(2), "meta": {**fields, "scale": float("nan"), "top": float("inf")}},
+               src / format_dump_name(fields))
+    cap = import_capture("sglang", src, tmp_path / "cap")
+    tags = cap.index["tags"].iloc[0]
+    assert tags["scale"] == "nan" and tags["top"] == "inf" and cap.verify().ok
+
+
+@pytest.mark.parametrize("where", ["same", "inside", "contains"])
+def test_destination_overlapping_the_source_is_refused(current_dump, tmp_path, where):
+    src, _ = current_dump
+    dst = {"same": src, "inside": src / "cap", "contains": src.parent}[where]
+    before = sorted(p.name for p in src.iterdir())
+    with pytest.raises(ImporterError, match="destination .* the dump being imported"):
+        import_capture("sglang", src, dst, overwrite=True)
+    assert sorted(p.name for p in src.iterdir()) == before

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import pickle
 import re
@@ -126,9 +127,27 @@ def check_array(a: np.ndarray, path: Path, what: str) -> np.ndarray:
 
 
 def scalar_tags(d: dict, exclude: set[str] = frozenset()) -> dict:
-    """The str/int/float/bool/None entries of ``d`` (capture tags are scalars)."""
-    return {str(k): v for k, v in d.items()
-            if k not in exclude and isinstance(v, (str, int, float, bool, type(None)))}
+    """The str/int/float/bool/None entries of ``d`` (capture tags are scalars); a NaN or Inf
+    becomes the string ``"nan"``/``"inf"``/``"-inf"`` (manifests are strict JSON) and text that is
+    not valid Unicode is kept with the bad characters escaped."""
+    out = {}
+    for k, v in d.items():
+        if k in exclude or not isinstance(v, (str, int, float, bool, type(None))):
+            continue
+        if isinstance(v, float) and not math.isfinite(v):
+            v = repr(v)
+        elif isinstance(v, str):
+            v = _valid_text(v)
+        out[_valid_text(str(k))] = v
+    return out
+
+
+def _valid_text(s: str) -> str:
+    try:
+        s.encode("utf-8")
+        return s
+    except UnicodeEncodeError:
+        return s.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 _RESERVED_TAGS = frozenset({"tensor", "rank", "step", "layer", "op", "name"})

@@ -201,8 +201,19 @@ def import_capture(kind: str, src: str | os.PathLike, dst: str | os.PathLike, **
             raise ImporterError(f"importer {kind!r} has no option(s) {bad}; valid options are {valid}",
                                 key=kind, fix=f"pass only {valid}")
     options = {k: _coerce(kind, sig.parameters.get(k), k, v) for k, v in options.items()}
+    _check_overlap(src, dst)
     path = imp.run(src, dst, **options)
     return open_capture(path)
+
+
+def _check_overlap(src, dst) -> None:
+    """Refuse a destination that is, contains or lies inside the source: writing it (or
+    overwriting it) would change or delete the dump being read."""
+    s, d = Path(src).resolve(), Path(dst).resolve()
+    if s == d or s in d.parents or d in s.parents:
+        how = "is" if s == d else ("is inside" if s in d.parents else "contains")
+        raise ImporterError(f"the destination {how} the dump being imported", file=d, key="dst",
+                            fix="write the capture to a directory outside the dump (e.g. beside it)")
 
 
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
