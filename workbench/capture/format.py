@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import struct
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -48,6 +49,71 @@ NUMPY_TO_NAME = {
 }
 
 
+MAX_HEADER = 100 << 20  # safetensors' own limit on a header
+
+
+def read_shard_header(path: Path) -> tuple[int, dict[str, tuple[str, list[int], int, int]], dict]:
+    """Parse and check a shard's safetensors header as the safetensors library does.
+
+    Returns ``(data_start, entries, metadata)`` with ``entries[name] = (dtype, shape, start, end)``
+    as absolute byte offsets in the file and ``dtype`` a capture dtype name. Raises ShardError
+    naming the file for anything the safetensors library would refuse.
+    """
+    from workbench.errors import ShardError
+
+    def bad(msg):
+        return ShardError(f"not a valid safetensors shard: {msg}", file=path,
+                          fix="re-copy the shard from the source, or re-capture")
+
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            head = f.read(8)
+            if len(head) < 8:
+                raise bad(f"{size} bytes, shorter than the 8-byte header length")
+            (hl,) = struct.unpack("<Q", head)
+            if hl > MAX_HEADER or 8 + hl > size:
+                raise bad(f"header length {hl} exceeds the file ({size} bytes) or the {MAX_HEADER}-byte limit")
+            raw = f.read(hl)
+    except OSError as e:
+        raise ShardError(f"cannot read the shard: {e.strerror}", file=path, fix="check the file") from None
+    header = parse_json_strict(raw, bad, "header ")
+    if not isinstance(header, dict):
+        raise bad("the header is not a JSON object")
+    meta = header.pop("__metadata__", {}) or {}
+    if not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values()):
+        raise bad("__metadata__ must map strings to strings")
+    base = 8 + hl
+    entries = {}
+    spans = []
+    for name, e in header.items():
+        if not isinstance(e, dict) or set(e) != {"dtype", "shape", "data_offsets"}:
+            raise bad(f"entry {name!r} must hold exactly dtype, shape and data_offsets")
+        dt = SAFETENSORS_TO_NAME.get(e["dtype"]) if isinstance(e["dtype"], str) else None
+        shape, offs = e["shape"], e["data_offsets"]
+        if dt is None:
+            raise bad(f"entry {name!r} has dtype {e['dtype']!r}, which captures cannot hold")
+        if not isinstance(shape, list) or not all(type(d) is int and 0 <= d <= INT_MAX for d in shape):
+            raise bad(f"entry {name!r} has shape {shape!r}")
+        if (not isinstance(offs, list) or len(offs) != 2 or not all(type(o) is int for o in offs)
+                or not 0 <= offs[0] <= offs[1] <= size - base):
+            raise bad(f"entry {name!r} has data_offsets {offs!r} outside the data ({size - base} bytes)")
+        if offs[1] - offs[0] != numel(shape) * itemsize(dt):
+            raise bad(f"entry {name!r}: data_offsets {offs} hold {offs[1] - offs[0]} bytes, shape {shape} of "
+                      f"{dt} needs {numel(shape) * itemsize(dt)}")
+        entries[name] = (dt, shape, base + offs[0], base + offs[1])
+        spans.append((offs[0], offs[1], name))
+    spans.sort()
+    end = 0
+    for a, b, name in spans:  # safetensors requires the entries to tile the data without holes
+        if a != end:
+            raise bad(f"entry {name!r} starts at {a}, expected {end} (overlap or hole in the data)")
+        end = b
+    if end != size - base:
+        raise bad(f"the entries cover {end} bytes of data, the file holds {size - base}")
+    return base, entries, meta
+
+
 def itemsize(dtype: str) -> int:
     return DTYPES[dtype][1].itemsize
 
@@ -57,10 +123,11 @@ def numel(shape) -> int:
 
 
 def safe_join(root: Path, rel: str, *, what: str) -> Path:
-    """``root/rel``, refusing absolute paths and paths that leave ``root``."""
-    if not isinstance(rel, str) or not rel or "\x00" in rel:
-        raise ManifestError(f"{what} path must be a non-empty string, got {rel!r}", file=root / MANIFEST,
-                            fix="repair the manifest or re-capture")
+    """``root/rel``, refusing absolute paths, paths that leave ``root`` and ``root`` itself."""
+    if not isinstance(rel, str) or not rel or "\x00" in rel or len(rel) > 1024:
+        raise ManifestError(f"{what} path must be a non-empty string of at most 1024 characters, got "
+                            f"{rel[:60] + '...' if isinstance(rel, str) and len(rel) > 60 else rel!r}",
+                            file=root / MANIFEST, fix="repair the manifest or re-capture")
     p = Path(rel)
     if p.is_absolute() or ".." in p.parts:
         raise UnsafePathError(
@@ -68,8 +135,16 @@ def safe_join(root: Path, rel: str, *, what: str) -> Path:
             fix="manifest paths must be relative and stay inside the capture; do not open captures "
                 "from untrusted sources without checking them",
         )
-    full = (root / p).resolve()
-    if root.resolve() not in full.parents and full != root.resolve():
+    try:
+        full = (root / p).resolve()
+        base = root.resolve()
+    except (OSError, RuntimeError) as e:  # a name too long, a symlink loop
+        raise ManifestError(f"{what} path {rel[:60]!r} cannot be resolved: {e}", file=root / MANIFEST,
+                            fix="repair the manifest or re-capture") from None
+    if full == base:
+        raise ManifestError(f"{what} path {rel!r} names the capture directory itself, not a shard file",
+                            file=root / MANIFEST, fix="repair the manifest or re-capture")
+    if base not in full.parents:
         raise UnsafePathError(
             f"{what} path {rel!r} resolves outside the capture directory (symlink?)",
             file=root / MANIFEST, fix="remove the link or copy the shard into the capture",
@@ -100,6 +175,39 @@ def _err(msg: str, root: Path, fix: str = "the manifest is damaged; re-capture o
     return ManifestError(msg, file=root / MANIFEST, fix=fix)
 
 
+INT_MAX = 2**63 - 1  # every integer of a manifest fits an int64
+
+
+def _no_duplicates(pairs):
+    d = {}
+    for k, v in pairs:
+        if k in d:
+            raise _DuplicateJSONKey(k)
+        d[k] = v
+    return d
+
+
+class _DuplicateJSONKey(ValueError):
+    pass
+
+
+def parse_json_strict(raw: bytes, err, what: str = "") -> Any:
+    """JSON with duplicate object keys refused, NaN/Infinity refused and absurd nesting refused;
+    ``err(message)`` builds the typed error raised on any of these."""
+
+    def no_constants(c):
+        raise ValueError(f"{c} is not JSON")
+
+    try:
+        return json.loads(raw, object_pairs_hook=_no_duplicates, parse_constant=no_constants)
+    except _DuplicateJSONKey as e:
+        raise err(f"duplicate JSON object key {e.args[0]!r} (which value is meant is ambiguous)") from None
+    except (UnicodeDecodeError, ValueError) as e:
+        raise err(f"malformed {what}JSON: {e}") from None
+    except RecursionError:
+        raise err(f"{what}JSON nested too deep to be a capture's") from None
+
+
 def load_manifest(root: Path) -> dict:
     """Read and validate ``root/manifest.json``; return it with the index columns checked."""
     root = Path(root)
@@ -118,11 +226,13 @@ def load_manifest(root: Path) -> dict:
             fix="the writer did not finish (crash or exception inside the block); re-run the capture, "
                 "or import a foreign dump with `workbench import`",
         )
+    if not mpath.is_file():
+        raise _err(f"{MANIFEST} is not a regular file", root)
     try:
         raw = mpath.read_bytes()
-        m = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise _err(f"malformed manifest JSON: {e}", root) from None
+    except OSError as e:
+        raise _err(f"cannot read {MANIFEST}: {e.strerror}", root, fix="check the file's permissions") from None
+    m = parse_json_strict(raw, lambda msg: _err(msg, root), "manifest ")
     if not isinstance(m, dict):
         raise _err(f"manifest must be a JSON object, got {type(m).__name__}", root)
     if m.get("format") != FORMAT_NAME:
@@ -139,14 +249,18 @@ def load_manifest(root: Path) -> dict:
     for fld, typ in (("arm", str), ("run", dict), ("shards", list), ("tensors", dict)):
         if not isinstance(m.get(fld), typ):
             raise _err(f"manifest field {fld!r} must be a {typ.__name__}, got {type(m.get(fld)).__name__}", root)
+    seen: set[str] = set()
     for i, s in enumerate(m["shards"]):
         if not isinstance(s, dict):
             raise _err(f"shards[{i}] must be an object", root)
         safe_join(root, s.get("path"), what=f"shards[{i}]")
-        if not isinstance(s.get("bytes"), int) or s["bytes"] < 0:
+        if s["path"] in seen:
+            raise _err(f"shards[{i}].path {s['path']!r} is listed twice", root)
+        seen.add(s["path"])
+        if type(s.get("bytes")) is not int or not 0 <= s["bytes"] <= INT_MAX:
             raise _err(f"shards[{i}].bytes must be a non-negative int", root)
         sha = s.get("sha256")
-        if not isinstance(sha, str) or len(sha) != 64:
+        if not isinstance(sha, str) or len(sha) != 64 or any(c not in "0123456789abcdef" for c in sha):
             raise _err(f"shards[{i}].sha256 must be a 64-character hex string", root)
     t = m["tensors"]
     cols = {}
@@ -160,16 +274,17 @@ def load_manifest(root: Path) -> dict:
         elif len(v) != n:
             raise _err(f"tensors.{c} has {len(v)} entries, tensors.rank has {n}", root)
         cols[c] = v
-    _check_column_types(cols, root, len(m["shards"]))
+    _check_column_types(cols, root, [sh["bytes"] for sh in m["shards"]])
     return m
 
 
-def _check_column_types(cols: dict, root: Path, nshards: int) -> None:
+def _check_column_types(cols: dict, root: Path, shard_bytes: list[int]) -> None:
+    nshards = len(shard_bytes)
     def ints(name, lo):
         v = cols[name]
-        if not all(type(x) is int and x >= lo for x in v):
-            bad = next(x for x in v if not (type(x) is int and x >= lo))
-            raise _err(f"tensors.{name} must hold ints >= {lo}, found {bad!r}", root)
+        if not all(type(x) is int and lo <= x <= INT_MAX for x in v):
+            i, bad = next((i, x) for i, x in enumerate(v) if not (type(x) is int and lo <= x <= INT_MAX))
+            raise _err(f"tensors.{name}[{i}] must be an int in [{lo}, 2**63), found {bad!r}", root)
 
     ints("rank", 0)
     ints("step", 0)
@@ -186,9 +301,43 @@ def _check_column_types(cols: dict, root: Path, nshards: int) -> None:
     for i, (dt, shp, nb) in enumerate(zip(cols["dtype"], cols["shape"], cols["nbytes"])):
         if not isinstance(dt, str) or dt not in DTYPES:
             raise _err(f"tensors.dtype[{i}] is {dt!r}, expected one of {sorted(DTYPES)}", root)
-        if not isinstance(shp, list) or not all(type(d) is int and d >= 0 for d in shp):
-            raise _err(f"tensors.shape[{i}] must be a list of non-negative ints, got {shp!r}", root)
+        if not isinstance(shp, list) or len(shp) > 64 or not all(type(d) is int and 0 <= d <= INT_MAX for d in shp):
+            raise _err(f"tensors.shape[{i}] must be a list of at most 64 ints in [0, 2**63), got {shp!r}", root)
         if numel(shp) * itemsize(dt) != nb:
-            raise _err(f"tensors.nbytes[{i}] = {nb} does not match shape {shp} of {dt}", root)
+            raise _err(f"tensors.nbytes[{i}] = {nb} does not match shape {shp} of {dt} "
+                       f"({numel(shp)} x {itemsize(dt)} bytes)", root)
     if not all(isinstance(x, dict) for x in cols["tags"]):
         raise _err("tensors.tags must hold objects", root)
+    seq = np.asarray(cols["seq"], dtype=np.int64)
+    if len(seq) and len(np.unique(seq)) != len(seq):
+        vals, counts = np.unique(seq, return_counts=True)
+        raise _err(f"tensors.seq holds {int(vals[counts > 1][0])} more than once: the causal order is ambiguous", root)
+    _check_ranges(cols, root, shard_bytes)
+
+
+def _check_ranges(cols: dict, root: Path, shard_bytes: list[int]) -> None:
+    """Each tensor's bytes lie after the 8-byte length prefix and inside its shard, and no two
+    tensors of a shard overlap (vectorised: captures hold 100k tensors)."""
+    n = len(cols["shard"])
+    if n == 0:
+        return
+    shard = np.asarray(cols["shard"], dtype=np.int64)
+    off = np.asarray(cols["offset"], dtype=np.int64)
+    nb = np.asarray(cols["nbytes"], dtype=np.int64)
+    size = np.asarray(shard_bytes, dtype=np.int64)[shard]
+    # offset + nbytes may not overflow: both < 2**63 and each checked against the shard's size
+    bad = (off < 8) | (off > size) | (nb > size - off)
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise _err(f"tensors[{i}] (shard {shard[i]}) spans bytes [{off[i]}, {off[i] + nb[i]}) outside the "
+                   f"shard's data ({size[i]} bytes)", root)
+    order = np.lexsort((off, shard))
+    s_sorted, o_sorted, e_sorted = shard[order], off[order], (off + nb)[order]
+    nonempty = nb[order] > 0
+    same = s_sorted[1:] == s_sorted[:-1]
+    clash = same & (o_sorted[1:] < e_sorted[:-1]) & nonempty[1:] & nonempty[:-1]
+    if clash.any():
+        j = int(np.flatnonzero(clash)[0])
+        a, b = int(order[j]), int(order[j + 1])
+        raise _err(f"tensors[{a}] and tensors[{b}] overlap in shard {s_sorted[j]} (bytes [{o_sorted[j]}, "
+                   f"{e_sorted[j]}) and [{o_sorted[j + 1]}, {e_sorted[j + 1]}))", root)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Sequence
@@ -12,7 +13,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from workbench.capture.format import DTYPES, KEY_FIELDS, load_manifest, safe_join
+from workbench.capture.format import DTYPES, KEY_FIELDS, load_manifest, read_shard_header, safe_join
 from workbench.errors import ChecksumError, DuplicateKeyError, KeyNotFoundError, ShardError
 
 __all__ = ["Capture", "open_capture", "VerifyReport"]
@@ -36,13 +37,18 @@ class VerifyReport:
         return "\n".join(lines)
 
 
-def open_capture(path: str | os.PathLike) -> "Capture":
-    """Open a capture directory (lazy: reads only manifest.json).
+def open_capture(path: str | os.PathLike, *, verify: bool = False) -> "Capture":
+    """Open a capture directory (lazy: reads only manifest.json, and checks every entry of it).
+
+    The first read from a shard checks the shard's safetensors header against the manifest
+    (dtype, shape, byte range and key of every tensor in it). ``verify=True`` also checks the
+    shard's sha256 once, at that first read: it costs one sequential read of the shard (about
+    a second per GB from disk, a few tenths from the page cache), paid once per shard.
 
     Raises IncompleteCaptureError, ManifestError, FormatVersionError, UnsafePathError or
     DuplicateKeyError with the file, key and fix.
     """
-    return Capture(path)
+    return Capture(path, verify=verify)
 
 
 def _match(col: pd.Series, want: Any) -> np.ndarray:
@@ -78,11 +84,15 @@ class Capture:
     >>> cap.get(layer=3, op="gdn", name="output", step=5)               # doctest: +SKIP
     """
 
-    def __init__(self, path: str | os.PathLike, *, _manifest: dict | None = None,
-                 _index: pd.DataFrame | None = None) -> None:
+    def __init__(self, path: str | os.PathLike, *, verify: bool = False, _manifest: dict | None = None,
+                 _index: pd.DataFrame | None = None, _checked: dict | None = None) -> None:
         self.path = Path(path)
         m = _manifest if _manifest is not None else load_manifest(self.path)
         self._manifest = m
+        self.verify_on_read = bool(verify)
+        # shard -> None once its header (and, with verify, its sha256) matched the manifest;
+        # shared by every view of this capture
+        self._checked: dict = {} if _checked is None else _checked
         self.arm: str = m["arm"]
         self.run: dict = m["run"]
         self.shards: list[dict] = m["shards"]
@@ -151,7 +161,8 @@ class Capture:
                     fix=f"filter on one of {list(KEY_FIELDS) + ['seq', 'dtype']} or tag_<name>",
                 )
             m &= _match(col, want)
-        return Capture(self.path, _manifest=self._manifest, _index=df[m].reset_index(drop=True))
+        return Capture(self.path, verify=self.verify_on_read, _manifest=self._manifest,
+                       _index=df[m].reset_index(drop=True), _checked=self._checked)
 
     def _row(self, key: dict) -> pd.Series:
         view = self.select(**key)
@@ -176,18 +187,50 @@ class Capture:
         n = int(row["nbytes"]) // dt.itemsize
         if n == 0:
             return np.empty(0, dtype=dt)
-        p = self.shard_path(int(row["shard"]))
+        shard = int(row["shard"])
+        p = self.shard_path(shard)
         key = {f: row[f] for f in KEY_FIELDS}
-        try:
-            size = p.stat().st_size
-        except FileNotFoundError:
+        if not p.exists():
             raise ShardError("shard file is missing", file=p, key=key,
-                             fix="restore the shard from the source, or re-capture") from None
+                             fix="restore the shard from the source, or re-capture")
+        if not p.is_file():
+            raise ShardError("the shard is not a regular file", file=p, key=key,
+                             fix="the manifest names a directory or device; restore the shard or re-capture")
+        size = p.stat().st_size
         end = int(row["offset"]) + int(row["nbytes"])
         if size < end:
             raise ShardError(f"shard is truncated: {size} bytes, the tensor ends at byte {end}",
                              file=p, key=key, fix="re-copy the shard (the copy was cut short) or re-capture")
+        if shard not in self._checked:
+            self._check_shard(shard, p, sha=self.verify_on_read)
         return np.memmap(p, dtype=dt, mode="c", offset=int(row["offset"]), shape=(n,))
+
+    def _shard_rows(self, shard: int) -> list[dict]:
+        cols = self._manifest["tensors"]
+        return [{c: cols[c][i] for c in ("rank", "step", "layer", "op", "name", "seq", "dtype", "shape",
+                                         "offset", "nbytes")}
+                for i, s in enumerate(cols["shard"]) if s == shard]
+
+    def _check_shard(self, shard: int, p: Path, *, sha: bool) -> None:
+        """The shard's header agrees with every manifest entry that points into it (raises
+        ShardError naming the first disagreement); with ``sha``, its sha256 matches too."""
+        meta = self.shards[shard]
+        if p.stat().st_size != meta["bytes"]:
+            raise ChecksumError(f"shard size is {p.stat().st_size} bytes, the manifest says {meta['bytes']}",
+                                file=p, fix="the shard was truncated or modified; re-copy it or re-capture")
+        if sha:
+            digest = _sha256(p)
+            if digest != meta["sha256"]:
+                raise ChecksumError(f"shard sha256 {digest[:16]}... differs from the manifest's "
+                                    f"{meta['sha256'][:16]}...", file=p,
+                                    fix="the shard was modified after capture; re-copy it or re-capture")
+        problem = header_mismatch(p, self._shard_rows(shard))
+        if problem is not None:
+            msg, key = problem
+            raise ShardError(f"the manifest and the shard's header disagree: {msg}", file=p, key=key,
+                             fix="the manifest or the shard was edited or mixed up with another capture's; "
+                                 "restore both from the source or re-capture")
+        self._checked[shard] = None
 
     def raw(self, row) -> np.ndarray:
         """Flat numpy view of a tensor's stored elements (bf16 as uint16 bits); lazy."""
@@ -233,14 +276,14 @@ class Capture:
 
     # -- integrity -----------------------------------------------------------------------------
     def verify(self, *, raise_on_error: bool = True, chunk: int = 8 << 20) -> VerifyReport:
-        """Check every shard's existence, size and sha256, and that it is valid safetensors.
+        """Check every shard: it exists, its size and sha256 match the manifest, its safetensors
+        header is valid (as the safetensors library checks it) and agrees with every manifest
+        entry that points into it (dtype, shape, byte range and, where the writer recorded it,
+        the key).
 
-        Raises ChecksumError/ShardError (naming the file and the fix) unless
+        Raises ChecksumError/ShardError (naming the file, the key and the fix) unless
         ``raise_on_error=False``, in which case the report lists the status of each shard.
         """
-        import json
-        import struct
-
         rows = []
         first_error: Exception | None = None
         for i, s in enumerate(self.shards):
@@ -250,29 +293,20 @@ class Capture:
             if not p.exists():
                 status = "missing"
                 err = ShardError("shard file is missing", file=p, fix="restore it from the source or re-capture")
-            elif p.stat().st_size != s["bytes"]:
-                status = f"size {p.stat().st_size} != {s['bytes']}"
-                err = ChecksumError(f"shard size is {p.stat().st_size} bytes, the manifest says {s['bytes']}",
-                                    file=p, fix="the shard was truncated or modified; re-copy it or re-capture")
+            elif not p.is_file():
+                status = "not a regular file"
+                err = ShardError("the shard is not a regular file", file=p,
+                                 fix="restore the shard from the source or re-capture")
             else:
-                h = hashlib.sha256()
-                with open(p, "rb") as f:
-                    while b := f.read(chunk):
-                        h.update(b)
-                if h.hexdigest() != s["sha256"]:
-                    status = "sha256 mismatch"
-                    err = ChecksumError(f"shard sha256 {h.hexdigest()[:16]}... differs from the manifest's "
-                                        f"{s['sha256'][:16]}...", file=p,
-                                        fix="the shard was modified after capture; re-copy it or re-capture")
-                else:
-                    with open(p, "rb") as f:
-                        try:
-                            (hl,) = struct.unpack("<Q", f.read(8))
-                            json.loads(f.read(hl))
-                        except Exception as e:
-                            status = "bad safetensors header"
-                            err = ShardError(f"not a valid safetensors file: {e}", file=p,
-                                             fix="re-capture; the writer produced a bad shard")
+                try:
+                    self._check_shard(i, p, sha=True)
+                except ChecksumError as e:
+                    status = "sha256 mismatch" if "sha256" in e.message else f"size {p.stat().st_size} != {s['bytes']}"
+                    err = e
+                except ShardError as e:
+                    status = ("header disagrees with manifest" if "disagree" in e.message
+                              else "bad safetensors header")
+                    err = e
             rows.append(dict(shard=i, path=s["path"], bytes=s["bytes"], status=status))
             if err is not None and first_error is None:
                 first_error = err
@@ -280,3 +314,53 @@ class Capture:
         if first_error is not None and raise_on_error:
             raise first_error
         return report
+
+
+def _sha256(p: Path, chunk: int = 8 << 20) -> str:
+    h = hashlib.sha256()
+    with open(p, "rb") as f:
+        while b := f.read(chunk):
+            h.update(b)
+    return h.hexdigest()
+
+
+_ENTRY = re.compile(r"t[0-9]+")
+
+
+def header_mismatch(p: Path, rows: list[dict]) -> tuple[str, dict] | None:
+    """The first way the shard's header disagrees with these manifest rows, or None."""
+    import json
+
+    _, entries, meta = read_shard_header(p)
+    by_start = {e[2]: (name, e) for name, e in entries.items() if e[3] > e[2]}  # non-empty ones
+    # a CaptureWriter names entry seq s "t<s>": then each row must find its own entry
+    ours = meta.get("format") == "workbench-capture" and all(_ENTRY.fullmatch(n) for n in entries)
+    keys = None
+    if "keys" in meta:
+        try:
+            keys = json.loads(meta["keys"])
+        except ValueError:
+            return "its __metadata__ keys are not JSON", {}
+    for r in rows:
+        key = {f: r[f] for f in KEY_FIELDS}
+        own = f"t{r['seq']}"  # the name CaptureWriter gives each entry
+        if own in entries:
+            hit = (own, entries[own])
+            if hit[1][2] != r["offset"] and r["nbytes"] > 0:
+                return (f"seq {r['seq']} starts at byte {r['offset']} in the manifest, the shard's {own!r} "
+                        f"at byte {hit[1][2]}"), key
+        elif ours:
+            return f"the shard holds no entry {own!r} for seq {r['seq']}", key
+        elif r["nbytes"] == 0:
+            continue  # an empty tensor occupies no bytes
+        else:
+            hit = by_start.get(r["offset"])
+        if hit is None:
+            return f"no tensor of the shard starts at byte {r['offset']} (seq {r['seq']})", key
+        name, (dt, shape, start, end) = hit
+        if dt != r["dtype"] or list(shape) != list(r["shape"]) or end - start != r["nbytes"]:
+            return (f"seq {r['seq']} is {r['dtype']} {list(r['shape'])} in the manifest, the shard's {name!r} at "
+                    f"that offset is {dt} {list(shape)}"), key
+        if keys is not None and name in keys and list(keys[name]) != [r[f] for f in KEY_FIELDS]:
+            return f"the shard's {name!r} was written as key {keys[name]}, the manifest says {list(key.values())}", key
+    return None

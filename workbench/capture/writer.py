@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from workbench.capture.format import (
-    DTYPES, FORMAT_NAME, FORMAT_VERSION, INDEX_COLUMNS, MANIFEST, NUMPY_TO_NAME, TORCH_TO_NAME,
+    DTYPES, FORMAT_NAME, FORMAT_VERSION, INDEX_COLUMNS, KEY_FIELDS, MANIFEST, NUMPY_TO_NAME, TORCH_TO_NAME,
     atomic_write_json,
 )
 from workbench.errors import CaptureError, CaptureLockedError, DiskFullError, DuplicateKeyError
@@ -128,6 +128,9 @@ def _as_tensor(x: Any, key: dict) -> torch.Tensor:
     else:
         raise CaptureError(f"can only capture tensors or numpy arrays, got {type(x).__name__}", key=key,
                            fix="pass a torch.Tensor or np.ndarray")
+    if t.device.type == "meta":
+        raise CaptureError("a meta-device tensor has no data to capture", key=key,
+                           fix="capture real tensors (run the model on cpu/cuda, not on the meta device)")
     if t.dtype not in TORCH_TO_NAME:
         raise CaptureError(f"unsupported tensor dtype {t.dtype}", key=key,
                            fix=f"cast to one of {sorted(DTYPES)} before capturing")
@@ -424,7 +427,11 @@ class CaptureWriter:
             return
         idx = len(self._shards)
         rel = f"shard-{idx:05d}.safetensors"
-        header: dict[str, Any] = {"__metadata__": {"format": FORMAT_NAME, "arm": self.arm}}
+        start = len(self._cols["shard"]) - len(self._buffer)
+        # each entry's key, so that verify can tell a manifest whose keys were swapped
+        keys = {ename: [self._cols[f][start + j] for f in KEY_FIELDS] for j, (ename, _) in enumerate(self._buffer)}
+        header: dict[str, Any] = {"__metadata__": {"format": FORMAT_NAME, "arm": self.arm,
+                                                   "keys": json.dumps(keys, separators=(",", ":"))}}
         off = 0
         for ename, t in self._buffer:
             nb = t.numel() * t.element_size()
@@ -456,7 +463,6 @@ class CaptureWriter:
             raise self._os_error(e, tmp) from None
         self._shards.append({"path": rel, "bytes": size, "sha256": sha.hexdigest()})
         pos = 0
-        start = len(self._cols["shard"]) - len(self._buffer)
         for j, (ename, t) in enumerate(self._buffer):
             self._cols["shard"][start + j] = idx
             self._cols["offset"][start + j] = base + pos
