@@ -100,3 +100,48 @@ def test_bad_rules():
         Rule(metric="cosine")
     with pytest.raises(WorkbenchError, match="bad rule"):
         compare_captures("unused", "unused", rules=[{"pattern": "*", "thresh": 1}])
+
+
+def _one(path, t, op="o", name="x"):
+    with CaptureWriter(path, arm=path.name) as w:
+        w.add(t, op=op, name=name)
+    return path
+
+
+def test_zero_reference_is_judged_by_absolute_difference(tmp_path):
+    ctl = _one(tmp_path / "ctl", torch.zeros(16))
+    rep = _one(tmp_path / "rep", torch.full((16,), 1e-9))
+    far = _one(tmp_path / "far", torch.full((16,), 1e6))
+    near = _one(tmp_path / "near", torch.full((16,), 2e-9))
+    row = compare_captures(ctl, far, aa=rep).table.iloc[0]
+    assert row["metric"] == "max_abs" and np.isfinite(row["threshold"]) and row["status"] == "diverged"
+    assert row["threshold"] == pytest.approx(4e-9, rel=1e-6)  # 4 x the repeat's max |difference|
+    assert compare_captures(ctl, near, aa=rep).first_divergence() is None  # within the A/A noise
+
+
+def test_integers_are_compared_exactly(tmp_path):
+    a = _one(tmp_path / "a", torch.tensor([2**53, 7], dtype=torch.int64))
+    b = _one(tmp_path / "b", torch.tensor([2**53 + 1, 7], dtype=torch.int64))
+    fd = compare_captures(a, b).first_divergence()
+    assert fd is not None and fd["metric"] == "max_ulp" and fd["max_ulp"] == 1 and fd["n_diff"] == 1
+    assert compare_captures(a, a).first_divergence() is None
+    # a rule of the user's own still decides
+    assert compare_captures(a, b, rules=[Rule("o/*", "max_ulp", 1.0)]).first_divergence() is None
+
+
+def test_missing_keys_are_findings(tmp_path):
+    a = _one(tmp_path / "a", torch.ones(2))
+    b = _one(tmp_path / "b", torch.ones(2), op="p")
+    res = compare_captures(a, b)
+    assert not res.same_keys and res.first_divergence() is None
+    lines = res.describe_missing()
+    assert lines[0].startswith("1 key(s) only in the control") and "op=o" in lines[0]
+    assert lines[1].startswith("1 key(s) only in the candidate") and "op=p" in lines[1]
+    assert "only in the control" in res.report() and res.to_dict()["same_keys"] is False
+
+
+@pytest.mark.parametrize("field, value", [("threshold", float("nan")), ("threshold", float("inf")),
+                                          ("aa_factor", float("nan")), ("floor", -1.0)])
+def test_rules_refuse_non_finite_or_negative_thresholds(field, value):
+    with pytest.raises(WorkbenchError, match=f"Rule.{field} must be a finite number"):
+        Rule("*", **{field: value})

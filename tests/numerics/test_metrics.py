@@ -276,3 +276,15 @@ def test_ulp_buckets_above_exact_range(dtype):
     if med >= 256:
         lo = 1 << (med.bit_length() - 1)
         assert c.median_ulp == lo  # lower bound of the power-of-two bucket
+
+
+def test_integers_compare_exactly_at_and_beyond_2_53():
+    from workbench.numerics.metrics import compare as cmp
+
+    for big in (2**53, 2**62, -2**63 + 1):
+        c = cmp(torch.tensor([big, 5]), torch.tensor([big + 1, 5]))
+        assert c.n_diff == 1 and c.max_ulp == 1 and c.max_abs == 1.0 and c.max_abs_index == (0,) and c.dtype == "int"
+    extreme = cmp(torch.tensor([-2**63]), torch.tensor([2**63 - 1]))
+    assert extreme.max_ulp == 2**64 - 1  # the exact distance, no int64 overflow
+    assert cmp(np.array([True, False]), np.array([True, True])).n_diff == 1
+    assert cmp(torch.arange(4), torch.arange(4)).bitwise_equal

@@ -22,6 +22,7 @@ __all__ = ["Rule", "DEFAULT_RULE", "ComparisonResult", "compare_captures", "METR
 # metrics where a larger value means "further apart"
 METRICS = ("rel_l2", "max_abs", "mean_abs", "max_ulp", "median_ulp", "frac_outside")
 DIVERGENT_STATUSES = ("diverged", "shape_mismatch", "nonfinite")
+RELATIVE_METRICS = ("rel_l2",)
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,15 @@ class Rule:
         if self.metric not in METRICS:
             raise WorkbenchError(f"Rule.metric must be one of {list(METRICS)}, got {self.metric!r}",
                                  key="metric", fix=f"use one of {list(METRICS)}")
+        if not isinstance(self.pattern, str) or not self.pattern:
+            raise WorkbenchError(f"Rule.pattern must be a non-empty glob, got {self.pattern!r}", key="pattern",
+                                 fix="pass e.g. 'lm_head/*' or '*'")
+        for f in ("threshold", "aa_factor", "floor"):
+            v = getattr(self, f)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+                raise WorkbenchError(f"Rule.{f} must be a finite number >= 0, got {v!r} (rule {self.pattern!r})",
+                                     key=f, fix=f"pass {f}= a finite non-negative number; a NaN or infinite "
+                                                "threshold would silently disable the check")
 
     def matches(self, op: str, name: str, layer: int) -> bool:
         return fnmatch.fnmatchcase(f"{op}/{name}", self.pattern) or \
@@ -54,6 +64,9 @@ class Rule:
 
 
 DEFAULT_RULE = Rule()
+# integer tensors under the default rule: exact (max_ulp of integers is the largest |a - b|)
+EXACT_RULE = Rule(metric="max_ulp", threshold=0.0)
+INTEGER_DTYPES = ("int64", "int32", "int16", "int8", "uint8", "bool")
 
 
 def _as_rules(rules) -> list[Rule]:
@@ -77,8 +90,8 @@ def _as_rules(rules) -> list[Rule]:
     return out
 
 
-def _open(c) -> Capture:
-    return c if isinstance(c, Capture) else open_capture(c)
+def _open(c, verify: bool = False) -> Capture:
+    return c if isinstance(c, Capture) else open_capture(c, verify=verify)
 
 
 class ComparisonResult:
@@ -123,6 +136,23 @@ class ComparisonResult:
     def only_candidate(self) -> pd.DataFrame:
         return self.table[self.table["status"] == "only_candidate"]
 
+    @property
+    def same_keys(self) -> bool:
+        """True when every key is in both arms."""
+        return len(self.only_control) == 0 and len(self.only_candidate) == 0
+
+    def describe_missing(self, limit: int = 3) -> list[str]:
+        """One sentence per arm that lacks keys of the other (a finding, not an error)."""
+        out = []
+        for rows, have, lack in ((self.only_control, "control", "candidate"),
+                                 (self.only_candidate, "candidate", "control")):
+            if len(rows):
+                first = "; ".join(" ".join(f"{f}={r[f]}" for f in KEY_FIELDS)
+                                  for _, r in rows.head(limit).iterrows())
+                more = f"; ... {len(rows) - limit} more" if len(rows) > limit else ""
+                out.append(f"{len(rows)} key(s) only in the {have}, missing from the {lack}: {first}{more}")
+        return out
+
     def counts(self) -> dict[str, int]:
         return {k: int(v) for k, v in self.table["status"].value_counts().items()}
 
@@ -146,6 +176,7 @@ class ComparisonResult:
             "control": self.control_path, "candidate": self.candidate_path, "aa": self.aa_path,
             "rules": [asdict(r) for r in self.rules], "counts": self.counts(),
             "first_divergence": None if fd is None else json.loads(fd.to_json()),
+            "same_keys": self.same_keys, "missing": self.describe_missing(),
             "rows": rows,
         }
 
@@ -181,7 +212,8 @@ class ComparisonResult:
                 + (f"A/A       {self.aa_path}\n" if self.aa_path else "")
                 + f"keys: {len(t)}  " + "  ".join(f"{k}={v}" for k, v in sorted(c.items())))
         more = f"\n... {len(t) - len(view)} more rows" if len(t) > len(view) else ""
-        return f"{head}\n\n{body}{more}\n\n{self.describe_first()}"
+        missing = "".join(f"\n{line}" for line in self.describe_missing())
+        return f"{head}\n\n{body}{more}\n\n{self.describe_first()}{missing}"
 
     def __repr__(self) -> str:
         return f"<ComparisonResult keys={len(self.table)} {self.describe_first()}>"
@@ -195,7 +227,7 @@ def _rule_for(rules: list[Rule], op: str, name: str, layer: int) -> Rule:
 
 
 def compare_captures(control, candidate, *, aa=None, rules=None, dtype=None,
-                     atol: float = 1e-5, rtol: float = 1e-3, **filters) -> ComparisonResult:
+                     atol: float = 1e-5, rtol: float = 1e-3, verify: bool = False, **filters) -> ComparisonResult:
     """Compare every tensor key of two captures.
 
     Parameters
@@ -205,16 +237,22 @@ def compare_captures(control, candidate, *, aa=None, rules=None, dtype=None,
     rules: Rule / dict / list of them: per-tensor thresholds by ``op/name`` pattern
     dtype: ULP format (default: the coarser stored format of each pair)
     atol, rtol: the "outside" tolerance reported as ``frac_outside``
+    verify: open capture paths with checksum-on-read (each shard's sha256 checked at its first read)
     filters: restrict both captures as :meth:`Capture.select` does (e.g. ``op="gdn"``)
 
     Returns
     -------
     ComparisonResult; ``.first_divergence()`` is the first key in causal (seq) order beyond its
-    threshold. Missing keys, shape and dtype mismatches are rows with a status, never errors.
+    threshold. Missing keys, shape and dtype mismatches are rows with a status, never errors
+    (``.same_keys`` and ``.describe_missing()`` report the keys only one arm holds). A key whose
+    control is all zeros is judged by ``max_abs`` where its rule says ``rel_l2`` (the relative
+    error of a zero reference is 0 or infinite), and an A/A threshold that is not finite falls
+    back to the rule's threshold. Integer and bool tensors are compared exactly: with no rule of
+    their own, any changed value diverges (beyond the A/A repeat's, if one is given).
     """
     rl = _as_rules(rules)
-    ctl, cand = _open(control), _open(candidate)
-    rep = _open(aa) if aa is not None else None
+    ctl, cand = _open(control, verify), _open(candidate, verify)
+    rep = _open(aa, verify) if aa is not None else None
     if filters:
         ctl, cand = ctl.select(**filters), cand.select(**filters)
         rep = rep.select(**filters) if rep is not None else None
@@ -238,10 +276,13 @@ def compare_captures(control, candidate, *, aa=None, rules=None, dtype=None,
         rec["shape"] = list(r["shape"]) if has_c else None
         rec["shape_candidate"] = list(r["shape_candidate"]) if has_d else None
         rule = _rule_for(rl, rec["op"], rec["name"], rec["layer"])
+        if rule is DEFAULT_RULE and has_c and rec["dtype"] in INTEGER_DTYPES:
+            rule = EXACT_RULE  # token ids, indices, positions: any changed value is a divergence
         rec["metric"] = rule.metric
         rec["rule"] = rule.pattern
         vals = dict.fromkeys(FIELDS, np.nan)
         aa_val = np.nan
+        metric = rule.metric
         if not has_c or not has_d:
             status = "only_control" if has_c else "only_candidate"
         elif rec["shape"] != rec["shape_candidate"]:
@@ -250,6 +291,9 @@ def compare_captures(control, candidate, *, aa=None, rules=None, dtype=None,
             crow = ctl.index.iloc[int(r["c_pos"])]
             drow = cand.index.iloc[int(r["d_pos"])]
             res = _compare_rows(ctl, crow, cand, drow, dtype, atol, rtol)
+            if res.ref_norm == 0 and rule.metric in RELATIVE_METRICS:
+                # a relative error of an all-zero reference is 0 or inf: judge absolute differences
+                metric = "max_abs"
             vals = {f: getattr(res, f) for f in FIELDS}
             vals["max_abs_index"] = list(res.max_abs_index) if res.max_abs_index is not None else None
             status = "dtype_mismatch" if rec["dtype"] != rec["dtype_candidate"] else "ok"
@@ -259,11 +303,15 @@ def compare_captures(control, candidate, *, aa=None, rules=None, dtype=None,
                 arow = rep.index.iloc[int(aa_pos[i])]
                 if list(arow["shape"]) == rec["shape"]:
                     ares = _compare_rows(ctl, crow, rep, arow, dtype, atol, rtol)
-                    aa_val = float(getattr(ares, rule.metric))
+                    aa_val = float(getattr(ares, metric))
         rec.update(vals)
         rec["aa"] = aa_val
+        if metric != rule.metric:
+            rec["metric"] = metric
         threshold = rule.threshold if _isnan(aa_val) else max(rule.aa_factor * aa_val, rule.floor)
-        value = float(vals[rule.metric]) if not _isnan(vals[rule.metric]) else np.nan
+        if not math.isfinite(threshold):  # never let an A/A value switch the check off
+            threshold = rule.threshold
+        value = float(vals[metric]) if not _isnan(vals[metric]) else np.nan
         exceeded = status in ("shape_mismatch", "nonfinite") or (
             not _isnan(value) and value > threshold)
         if exceeded and status in ("ok", "dtype_mismatch"):

@@ -440,7 +440,9 @@ def compare(a, b, *, dtype=None, atol: float = 1e-5, rtol: float = 1e-3,
     Parameters
     ----------
     a, b: tensors or arrays of the same shape, any float dtype (bf16/fp16/fp32/fp64), on any
-        device (non-CPU tensors are copied to the CPU); ints are compared as float64.
+        device (non-CPU tensors are copied to the CPU). Two integer (or bool) inputs are
+        compared exactly as integers (``dtype`` "int": ``max_ulp`` is the largest |a - b|, so
+        2**53 and 2**53 + 1 differ); an integer against a float is compared as float64.
     dtype: format in which ULP distances are counted ("bf16", "fp16", "fp32", "fp64"); by default
         the coarser of the two inputs' formats. Values are rounded (RNE) to it for the ULP count.
     atol, rtol: an element is "outside" when ``|b - a| > atol + rtol * |a|``.
@@ -465,6 +467,9 @@ def compare(a, b, *, dtype=None, atol: float = 1e-5, rtol: float = 1e-3,
             f"compare: shapes differ, a {list(shape_a)} vs b {list(shape_b)}", key="b",
             fix="compare tensors of the same shape (reshape or slice first)",
         )
+    ia, ib = _as_integers(a), _as_integers(b)
+    if ia is not None and ib is not None:
+        return _compare_integers(ia, ib, shape_a, atol, rtol)
     va, ka = as_numpy_bits(a)
     vb, kb = as_numpy_bits(b)
     ulp = canonical(dtype) if dtype is not None else _coarser(ka, kb)
@@ -509,6 +514,66 @@ def _run_chunks(va, ka, vb, kb, ulp, luta, lutb, sign, n, step, blocks, atol, rt
         hist_parts.append(hi_)
         maxu_parts.append(mu)
     return stats_parts, hist_parts, maxu_parts
+
+
+def _as_integers(x) -> np.ndarray | None:
+    """A flat int64/uint64 numpy view of an integer or bool tensor/array, else None."""
+    if isinstance(x, torch.Tensor):
+        if x.dtype.is_floating_point or x.dtype.is_complex:
+            return None
+        t = x.detach().cpu().contiguous().reshape(-1)
+        if t.dtype == torch.uint64:
+            return t.view(torch.int64).numpy().view(np.uint64)
+        return t.to(torch.int64).numpy()
+    a = np.asarray(x)
+    if a.dtype.kind not in "iub":
+        return None
+    a = np.ascontiguousarray(a).reshape(-1)
+    return a.astype(np.uint64) if a.dtype == np.uint64 else a.astype(np.int64)
+
+
+def _compare_integers(a: np.ndarray, b: np.ndarray, shape, atol, rtol) -> Comparison:
+    """Integers (token ids, indices, positions) compared exactly: 2**53 and 2**53 + 1 differ.
+
+    ``max_ulp`` is the largest exact |a - b| (one integer step is one unit); the float fields are
+    computed from the exact differences in float64.
+    """
+    n = a.shape[0]
+    if a.dtype != b.dtype:  # int64 vs uint64: compare in Python integers (rare, small)
+        a, b = a.astype(object), b.astype(object)
+        d = np.array([abs(int(x) - int(y)) for x, y in zip(a, b)], dtype=object)
+        dmax = int(max(d, default=0))
+        df = d.astype(np.float64)
+        af = a.astype(np.float64)
+        bf = b.astype(np.float64)
+    else:
+        # |a - b| exactly, as uint64: the modular difference of the larger minus the smaller
+        hi, lo = np.maximum(a, b), np.minimum(a, b)
+        du = hi.astype(np.uint64) - lo.astype(np.uint64) if a.dtype != np.uint64 else hi - lo
+        dmax = int(du.max()) if n else 0
+        df = du.astype(np.float64)
+        af, bf = a.astype(np.float64), b.astype(np.float64)
+    ne = df > 0
+    ndiff = int(ne.sum())
+    sa2, sb2, sab, sd2 = float(af @ af), float(bf @ bf), float(af @ bf), float(df @ df)
+    if ndiff:
+        j = int(np.argmax(df))
+        max_idx = tuple(int(v) for v in np.unravel_index(j, shape)) if shape else ()
+    else:
+        max_idx = None
+    rel = (math.sqrt(sd2 / sa2) if sa2 > 0 else (0.0 if sd2 == 0 else math.inf))
+    cos = sab / math.sqrt(sa2 * sb2) if sa2 > 0 and sb2 > 0 else (1.0 if sa2 == sb2 else 0.0)
+    sqnr = math.inf if sd2 == 0 else (10.0 * math.log10(sa2 / sd2) if sa2 > 0 else -math.inf)
+    out = int((ne & (df > atol + rtol * np.abs(af))).sum())
+    nz = df[ne]
+    median = float(np.median(np.concatenate([nz, np.zeros(n - ndiff)]))) if n else 0.0
+    return Comparison(
+        numel=int(n), shape=tuple(int(v) for v in shape), dtype="int", rel_l2=rel, max_abs=float(dmax),
+        max_abs_index=max_idx, mean_abs=float(df.mean()) if n else 0.0, cosine=float(cos), sqnr_db=float(sqnr),
+        max_ulp=dmax, median_ulp=median, frac_outside=out / n if n else 0.0, n_diff=ndiff,
+        nan_a=0, nan_b=0, inf_a=0, inf_b=0, n_nonfinite_mismatch=0, atol=float(atol), rtol=float(rtol),
+        ref_norm=math.sqrt(sa2),
+    )
 
 
 def _finish(st, hist, max_ulp, n, shape, ulp, atol, rtol) -> Comparison:
