@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -25,7 +26,9 @@ def cmd_inspect(args) -> int:
 
     from workbench.capture import open_capture
 
-    cap = open_capture(args.capture)
+    cap = open_capture(args.capture, verify=args.verify)
+    if args.verify:
+        cap.verify()
     print(f"capture  {cap.path}")
     print(f"arm      {cap.arm}")
     print(f"created  {cap.created}")
@@ -54,7 +57,7 @@ def cmd_inspect(args) -> int:
 def cmd_verify(args) -> int:
     from workbench.capture import open_capture
 
-    cap = open_capture(args.capture)
+    cap = open_capture(args.capture)  # opening checks every manifest entry; verify checks the shards
     report = cap.verify(raise_on_error=False)
     print(report)
     return 0 if report.ok else 1
@@ -66,18 +69,49 @@ def cmd_import(args) -> int:
     options = {}
     for item in args.option or []:
         k, sep, v = item.partition("=")
-        if not sep:
+        if not sep or not k:
             raise WorkbenchError(f"bad option {item!r}", key="--option", fix="write options as NAME=VALUE")
         options[k] = v
-    if args.pattern:
+    if "run" in options:  # run metadata from the command line is a JSON object
+        options["run"] = _json_object(options["run"], "-o run")
+    if args.pattern is not None:
         options["pattern"] = args.pattern
     cap = import_capture(args.kind, args.src, args.dst, arm=args.arm, **options)
     print(f"imported {len(cap)} tensors into {cap.path} (arm {cap.arm})")
     return 0
 
 
+def _json_object(text: str, what: str) -> dict:
+    try:
+        v = json.loads(text)
+    except ValueError:
+        v = None
+    if not isinstance(v, dict):
+        raise WorkbenchError(f"{what} must be a JSON object, got {text!r}", key=what,
+                             fix=f"""write {what}='{{"model": "qwen3-next", "commit": "abc"}}'""")
+    return v
+
+
+def _writable_file(path: str, what: str) -> Path:
+    """A file we may create or replace, checked before any work is done."""
+    p = Path(path)
+    if p.is_dir():
+        raise WorkbenchError(f"{what} {path!r} is a directory", file=p, key=what, fix=f"pass a file name to {what}")
+    if not p.parent.is_dir():
+        raise WorkbenchError(f"the folder of {what} {path!r} does not exist", file=p.parent, key=what,
+                             fix="create the folder first or choose another path")
+    if not os.access(p.parent, os.W_OK):
+        raise WorkbenchError(f"the folder of {what} {path!r} is not writable", file=p.parent, key=what,
+                             fix="choose a writable location")
+    return p
+
+
+EXIT_OK, EXIT_DIVERGED, EXIT_BAD_INPUT, EXIT_MISSING_KEYS = 0, 1, 2, 3
+
+
 def cmd_compare(args) -> int:
     from workbench.analysis.compare import Rule, compare_captures
+    from workbench.capture.format import atomic_write_json
 
     rules = []
     for spec in args.rule or []:
@@ -85,16 +119,24 @@ def cmd_compare(args) -> int:
         pat, _, rest = spec.rpartition(":")
         metric, _, thr = rest.partition("=")
         try:
-            rules.append(Rule(pattern=pat or "*", metric=metric, threshold=float(thr)))
+            value = float(thr)
         except ValueError:
-            raise WorkbenchError(f"bad --rule {spec!r}", key="--rule",
+            raise WorkbenchError(f"bad --rule {spec!r}: threshold {thr!r} is not a number", key="--rule",
                                  fix="write PATTERN:METRIC=THRESHOLD, e.g. 'lm_head/*:rel_l2=1e-2'") from None
-    res = compare_captures(args.control, args.candidate, aa=args.aa, rules=rules or None, dtype=args.dtype)
+        rules.append(Rule(pattern=pat or "*", metric=metric, threshold=value))
+    out = _writable_file(args.json, "--json") if args.json else None
+    res = compare_captures(args.control, args.candidate, aa=args.aa, rules=rules or None, dtype=args.dtype,
+                           verify=args.verify)
     print(res.report(rows=args.rows))
-    if args.json:
-        Path(args.json).write_text(json.dumps(res.to_dict(), indent=1, default=str))
-        print(f"\nwrote {args.json}")
-    return 1 if res.first_divergence() is not None else 0
+    if out is not None:
+        atomic_write_json(out, json.loads(json.dumps(res.to_dict(), default=str)))
+        print(f"\nwrote {out}")
+    if res.first_divergence() is not None:
+        return EXIT_DIVERGED
+    if not res.same_keys and not args.allow_missing:
+        print("the arms do not hold the same keys (exit 3; --allow-missing accepts that)", file=sys.stderr)
+        return EXIT_MISSING_KEYS
+    return EXIT_OK
 
 
 def cmd_samples(args) -> int:
@@ -113,6 +155,11 @@ def cmd_run(args) -> int:
     for f in args.params_file or []:
         params += load_params_file(f)
     params += [tuple(p) for p in args.parameter or []]
+    out = Path(args.out)
+    for parent in (out, *out.parents):
+        if parent.exists() and not parent.is_dir():
+            raise WorkbenchError(f"--out {args.out!r}: {parent} is a file, not a folder", file=parent, key="--out",
+                                 fix="pass a folder (it is created if missing)")
     res = run_notebooks(args.notebooks or None, parameters=params, out=args.out,
                         timeout=args.timeout, html_reports=not args.no_html)
     print(f"\nreports in {res.out}/index.html, gates in {res.out}/results.json")
@@ -132,6 +179,7 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("inspect", help="show what a capture holds")
     s.add_argument("capture")
     s.add_argument("--keys", action="store_true", help="list every tensor key")
+    s.add_argument("--verify", action="store_true", help="check every shard (sha256, header) first")
     s.set_defaults(func=cmd_inspect)
 
     s = sub.add_parser("verify", help="check every shard's size and sha256")
@@ -147,7 +195,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("-o", "--option", action="append", help="importer option NAME=VALUE (repeatable)")
     s.set_defaults(func=cmd_import)
 
-    s = sub.add_parser("compare", help="compare two captures and report the first divergence")
+    s = sub.add_parser("compare", help="compare two captures and report the first divergence",
+                       description="Compare two captures key by key. Exit status: 0 no divergence and the same "
+                                   "keys in both arms; 1 a key diverged beyond its threshold; 2 bad input; 3 no "
+                                   "divergence, but some keys are in one arm only (see --allow-missing).")
     s.add_argument("control")
     s.add_argument("candidate")
     s.add_argument("--aa", default=None, help="an A/A repeat of the control: per-key noise thresholds")
@@ -155,6 +206,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--dtype", default=None, help="ULP format (bf16, fp16, fp32, fp64)")
     s.add_argument("--json", default=None, help="write the full result as JSON")
     s.add_argument("--rows", type=int, default=20, help="rows of the table to print")
+    s.add_argument("--verify", action="store_true",
+                   help="check each shard's sha256 once, at its first read (one extra read of the data)")
+    s.add_argument("--allow-missing", action="store_true",
+                   help="exit 0 (not 3) when no key diverges but the arms do not hold the same keys")
     s.set_defaults(func=cmd_compare)
 
     s = sub.add_parser("run", help="execute notebooks (papermill), write HTML reports and a gate verdict",
@@ -178,12 +233,30 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    for stream in (sys.stdout, sys.stderr):  # names from dumps may hold text the terminal cannot encode
+        if hasattr(stream, "reconfigure"):
+            try:
+                stream.reconfigure(errors="backslashreplace")
+            except (ValueError, OSError):
+                pass
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
     except WorkbenchError as e:
         print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
-        return 2
+        return EXIT_BAD_INPUT
+    except BrokenPipeError:
+        # the reader of our output went away (`workbench inspect CAP | head`): stop quietly
+        try:
+            sys.stdout = open(os.devnull, "w")
+        except OSError:
+            pass
+        return 141
+    except OSError as e:  # a file the command was pointed at cannot be read or written
+        where = e.filename if e.filename is not None else "?"
+        print(f"error: {type(e).__name__}: {e.strerror or e}\n  file: {where}\n  fix:  check the path and "
+              f"its permissions", file=sys.stderr)
+        return EXIT_BAD_INPUT
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -200,10 +200,33 @@ def import_capture(kind: str, src: str | os.PathLike, dst: str | os.PathLike, **
         if bad:
             raise ImporterError(f"importer {kind!r} has no option(s) {bad}; valid options are {valid}",
                                 key=kind, fix=f"pass only {valid}")
+    missing = [n for n, p in sig.parameters.items()
+               if p.kind is p.KEYWORD_ONLY and p.default is p.empty and n not in options]
+    if missing:
+        raise ImporterError(f"importer {kind!r} needs option(s) {missing}", key=missing[0],
+                            fix=f"pass {missing[0]}=... (on the command line: --{missing[0]} ... or -o {missing[0]}=...)")
     options = {k: _coerce(kind, sig.parameters.get(k), k, v) for k, v in options.items()}
     _check_overlap(src, dst)
-    path = imp.run(src, dst, **options)
+    existed = os.path.lexists(dst)
+    try:
+        path = imp.run(src, dst, **options)
+    except BaseException:
+        if not existed:
+            _remove_unfinished(Path(dst))
+        raise
     return open_capture(path)
+
+
+def _remove_unfinished(dst: Path) -> None:
+    """A failed import leaves no half-written destination: remove the incomplete capture it
+    started (only that: a directory holding the writer's marker and no manifest)."""
+    import shutil
+
+    from workbench.capture.format import MANIFEST
+    from workbench.capture.writer import MARKER
+
+    if dst.is_dir() and not dst.is_symlink() and (dst / MARKER).exists() and not (dst / MANIFEST).exists():
+        shutil.rmtree(dst, ignore_errors=True)
 
 
 def _check_overlap(src, dst) -> None:

@@ -183,6 +183,10 @@ def read_arrays(path: Path) -> tuple[list[tuple[str | None, Any]], dict]:
                     except ValueError as e:
                         raise UnsafeFileError(f"refusing array {k!r}: it holds Python objects ({e})", file=path,
                                               fix="save numeric arrays only") from None
+                    if not isinstance(a, np.ndarray):  # numpy hands back a member that is no .npy as bytes
+                        what = "a raw pickle" if bytes(a[:1]) == b"\x80" else "data that is not a .npy array"
+                        raise UnsafeFileError(f"refusing member {k!r}: it holds {what}", file=path,
+                                              fix="save numeric arrays only (np.savez); never unpickle dumps")
                     out.append((k, check_array(a, path, f"array {k!r}")))
         except (UnsafeFileError, ImporterError):
             raise
