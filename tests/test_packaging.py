@@ -42,3 +42,16 @@ def test_importer_entry_points_resolve():
     assert {"sglang", "folder"} <= set(eps)
     for ep in eps.values():
         assert ep.load() is not None
+
+
+def test_import_workbench_is_lazy():
+    # `import workbench` (and its errors) must not pull in torch, numba or pandas: the CLI's
+    # --help and every plugin listing start from it
+    import subprocess
+    import sys
+
+    code = ("import sys, workbench, workbench.errors, workbench.cli; "
+            "heavy = [m for m in ('torch', 'numba', 'pandas', 'xarray') if m in sys.modules]; "
+            "print(heavy); sys.exit(1 if heavy else 0)")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert p.returncode == 0, f"imported eagerly: {p.stdout} {p.stderr[-500:]}"

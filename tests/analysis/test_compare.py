@@ -145,3 +145,35 @@ def test_missing_keys_are_findings(tmp_path):
 def test_rules_refuse_non_finite_or_negative_thresholds(field, value):
     with pytest.raises(WorkbenchError, match=f"Rule.{field} must be a finite number"):
         Rule("*", **{field: value})
+
+
+def _ulp_up(t):
+    """t with its first element moved one fp32 ULP up (a one-bit change)."""
+    u = t.clone()
+    u.view(torch.int32)[0] += 1
+    return u
+
+
+def test_zero_noise_key_diverges_at_one_ulp(tmp_path):
+    # the A/A repeat is bitwise equal (zero noise): the threshold is max(4 * 0, floor=0) = 0, so
+    # a one-ULP change diverges (it must not fall back to the rule's 1e-3 default)
+    x = torch.linspace(1, 2, 64)
+    ctl, rep, cand = _one(tmp_path / "c", x), _one(tmp_path / "r", x.clone()), _one(tmp_path / "d", _ulp_up(x))
+    fd = compare_captures(ctl, cand, aa=rep).first_divergence()
+    assert fd is not None and fd["aa"] == 0.0 and fd["threshold"] == 0.0 and 0 < fd["value"] < 1e-6
+    # a floor suppresses it
+    floor = Rule("*", floor=1e-6)
+    assert compare_captures(ctl, cand, aa=rep, rules=[floor]).first_divergence() is None
+    # without an A/A capture the rule's threshold applies, and 1e-3 hides the one-ULP change
+    assert compare_captures(ctl, cand).first_divergence() is None
+
+
+def test_aa_factor_sets_the_threshold(arms):
+    base = compare_captures(arms["control"], arms["cand"], aa=arms["aa"]).table
+    ten = compare_captures(arms["control"], arms["cand"], aa=arms["aa"], rules=[Rule("*", aa_factor=10.0)]).table
+    rows = base["name"] == "output"
+    np.testing.assert_allclose(base.loc[rows, "threshold"], 4.0 * base.loc[rows, "aa"])
+    np.testing.assert_allclose(ten.loc[rows, "threshold"], 10.0 * ten.loc[rows, "aa"])
+    # a factor so large that no key is beyond it: nothing diverges
+    huge = Rule("*", aa_factor=1e9)
+    assert compare_captures(arms["control"], arms["cand"], aa=arms["aa"], rules=[huge]).first_divergence() is None

@@ -154,23 +154,24 @@ def test_bundled_control_fp32_choice_is_the_captured_token():
 
 
 def test_bundled_tie_capture_planted_answer():
-    """tie-control plants FP64 logits 11.117631 (67) and 11.140997 (692) that both round to bf16
-    11.125: the analysis finds the tie, the tie rule's pick and the regret recorded in run["tie"]."""
+    """tie-control plants FP64 logits 11.117631 (67) and 11.140996 (692) that both round to bf16
+    11.125. With the model's own lm_head weight (rebuilt, not read from metadata) the analysis
+    finds the tie, greedy's pick by index, the FP64 winner and the regret in nats."""
+    from workbench.models.hybrid import ArmConfig
+    from workbench.models.sample import tie_model
+
     cap = open_capture(CAPTURES / "tie-control")
-    tie = cap.run["tie"]
-    ds = logit_rounding_capture(cap, op="lm_head", name="input", step=tie["step"], weight_name="weight") \
-        if len(cap.select(op="lm_head", name="weight")) else None
-    if ds is None:  # no weight captured: rebuild the FP64 logits from the planted values
-        ds = logit_rounding_capture(cap, op="lm_head", name="logits", step=tie["step"])
+    model, _ = tie_model(ArmConfig(name="tie-control"))
+    ds = logit_rounding_capture(cap, weight=model.weights["lm_head"], op="lm_head", name="input", step=0)
     r = ds.isel(row=0)
     assert bool(r.tie)
-    tied = sorted(int(t) for t in r.token.values[r.tied.values])
-    assert tied == sorted(int(t) for t in tie["fp64_logits"])
-    assert int(r.chosen) == tie["greedy_bf16"] == min(tied)
-    assert float(r.value.sel(dtype="bf16").max()) == tie["bf16_logit"]
-    assert int(cap.get(op="sampler", name="token", step=tie["step"]).reshape(-1)[0]) == tie["greedy_bf16"]
+    assert sorted(int(t) for t in r.token.values[r.tied.values]) == [67, 692]
+    assert int(r.chosen) == 67 and int(r.chosen_fp64) == 692
+    assert float(r.value.sel(dtype="bf16").max()) == 11.125
+    assert float(r.regret) == pytest.approx(11.140996 - 11.117631, abs=2e-5)  # 0.0234 nats lost
+    assert int(cap.get(op="sampler", name="token", step=0).reshape(-1)[0]) == 67
     cand = open_capture(CAPTURES / "tie-candidate")
-    assert int(cand.get(op="sampler", name="token", step=tie["step"]).reshape(-1)[0]) == tie["argmax_fp64"]
+    assert int(cand.get(op="sampler", name="token", step=0).reshape(-1)[0]) == 692
 
 
 def test_docstring_examples_run():

@@ -279,3 +279,22 @@ def test_a_full_disk_is_a_typed_error_and_leaves_no_partial_files(tmp_path, monk
         with CaptureWriter(fresh, arm="new") as w:
             w.add(torch.ones(1000), op="o", name="big")
     assert not list(fresh.glob("*.tmp"))  # an incomplete capture of ours, no half shard
+
+
+def test_manifest_is_committed_atomically(tmp_path, monkeypatch):
+    import workbench.capture.format as fmt
+
+    def half_then_crash(obj, f, **kw):
+        f.write(json.dumps(obj)[:40])
+        f.flush()
+        raise OSError(errno.EIO, "I/O error")
+
+    monkeypatch.setattr(fmt.json, "dump", half_then_crash)
+    with pytest.raises(CaptureError):
+        with CaptureWriter(tmp_path / "c", arm="a") as w:
+            w.add(torch.ones(2), op="o", name="n")
+    # a crash while writing the manifest leaves none (not half of one) and no temporary file
+    assert not (tmp_path / "c" / "manifest.json").exists()
+    assert not [p for p in (tmp_path / "c").iterdir() if p.name.startswith(".manifest")]
+    with pytest.raises(IncompleteCaptureError):
+        open_capture(tmp_path / "c")

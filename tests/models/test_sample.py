@@ -8,7 +8,8 @@ import torch
 from workbench.analysis.compare import Rule, compare_captures
 from workbench.capture import open_capture
 from workbench.kernels import gemm, sampling
-from workbench.models.sample import CAPTURES, PAIRS, SPLITK, TIE, write_samples
+from workbench.models.hybrid import ArmConfig
+from workbench.models.sample import CAPTURES, PAIRS, SPLITK, TIE, tie_model, write_samples
 from workbench.numerics.metrics import compare
 
 BUNDLED = Path(__file__).resolve().parents[2] / "captures"
@@ -68,9 +69,15 @@ def test_tie_after_bf16_rounding_goes_to_the_lower_index():
     logits = ctl.get(step=0, op="lm_head", name="logits")
     assert logits.dtype == torch.bfloat16 and logits[0, lo] == logits[0, hi] == logits.max()
     assert ctl.run["tokens"][0] == lo and cand.run["tokens"][0] == hi
-    # replay: the captured hidden state through the captured arm gives the same tie
-    h = ctl.get(step=0, op="lm_head", name="input")
-    assert float((h.double() @ h.double().T).sqrt()) > 0
+    # replay, independent of the recorded metadata: the captured hidden state through the model's
+    # own lm_head weight (rebuilt by tie_model) in FP64 gives the planted logits, both bf16 11.125,
+    # with 692 the FP64 winner, 0.0234 nats above the token greedy took
+    model, _ = tie_model(ArmConfig(name="tie-control"))
+    h = ctl.get(step=0, op="lm_head", name="input").double().reshape(-1)
+    fp64 = model.weights["lm_head"].double() @ h
+    assert abs(float(fp64[lo]) - 11.117631) < 2e-5 and abs(float(fp64[hi]) - 11.140996) < 2e-5
+    assert float(fp64[lo].float().bfloat16()) == float(fp64[hi].float().bfloat16()) == 11.125
+    assert int(fp64.argmax()) == hi and float(fp64[hi] - fp64[lo]) == pytest.approx(0.023365, abs=2e-5)
 
 
 def test_splitk_flip_is_real_and_replays_from_the_capture():

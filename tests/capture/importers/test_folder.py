@@ -198,3 +198,13 @@ def test_import_with_overwrite_never_deletes_its_own_source(tmp_path):
         with pytest.raises(ImporterError, match="the dump being imported"):
             import_capture("folder", d, dst, pattern="{op}.{layer}.{name}.pt", overwrite=True)
     assert sorted(p.name for p in d.iterdir()) == ["a.0.x.pt"]
+
+
+def test_files_of_one_step_are_ordered_numerically(tmp_path):
+    # causal order inside a step follows the path with its numbers read as numbers: layer 2, 9, 10
+    src = tmp_path / "d"
+    src.mkdir()
+    for layer in (10, 2, 9):
+        torch.save(torch.full((1,), float(layer)), src / f"mlp.{layer}.output.pt")
+    cap = import_capture("folder", src, tmp_path / "cap", pattern="{op}.{layer}.{name}.pt")
+    assert cap.index.sort_values("seq")["layer"].tolist() == [2, 9, 10]

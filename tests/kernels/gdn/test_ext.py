@@ -43,7 +43,11 @@ def test_cpu_policy():
     e = lambda op, p: workbench.compare(ref_o, getattr(gdn, op)(**x, qk_l2norm=True,
                                                                  backend="ext", policy=p)[0]).rel_l2
     for op in ("recurrent", "chunked"):
-        assert e(op, Policy(accum_dtype="fp64")) <= e(op, Policy()) * 1.01
+        o32 = getattr(gdn, op)(**x, qk_l2norm=True, backend="ext", policy=Policy())[0]
+        o64 = getattr(gdn, op)(**x, qk_l2norm=True, backend="ext", policy=Policy(accum_dtype="fp64"))[0]
+        assert not torch.equal(o32, o64)  # the knob reaches the kernel
+        # fp64 accumulation is clearly closer to the oracle (measured 9.4e-8 vs 1.5e-7 for recurrent)
+        assert e(op, Policy(accum_dtype="fp64")) < 0.85 * e(op, Policy())
         assert e(op, Policy(input_dtype="bf16")) > 1e-4
     o, _ = gdn.chunked(**x, qk_l2norm=True, backend="ext", chunk_size=16,
                        policy=Policy(output_dtype="bf16"))
