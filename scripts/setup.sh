@@ -41,7 +41,12 @@ fi
 if ! command -v chromium >/dev/null 2>&1 && [ -z "${WORKBENCH_NO_APT:-}" ] \
    && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
   echo "setup: installing Debian's chromium for the browser tests"
-  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
-    || echo "setup: could not install chromium; browser tests will be skipped"
+  if ! (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null); then
+    if [ -n "${CI:-}" ]; then
+      echo "setup: could not install chromium, which CI's browser tests need" >&2
+      exit 1
+    fi
+    echo "setup: could not install chromium; browser tests will be skipped"
+  fi
 fi
 echo "setup: ready ($("$PY" -c 'import sys, torch; print(f"python {sys.version.split()[0]}, torch {torch.__version__}")'))"

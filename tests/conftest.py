@@ -61,3 +61,39 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+# In CI (CI=true) a test may be skipped only for a reason that CI can never meet (no GPU on the
+# CI machine, or the GPU-only fla package); a skip for a missing tool the suite needs (a C++
+# compiler, nvcc, chromium, playwright, numba.cuda, transformers, ...) fails the run instead of
+# hiding the tests behind it.
+CI_ALLOWED_SKIPS = ("needs a CUDA GPU", "has a GPU", "fla runs here", "checks the CPU-only behaviour",
+                    "could not import 'fla'")
+
+
+def _in_ci() -> bool:
+    return os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def _strict_skip(report) -> None:
+    if not (_in_ci() and report.skipped) or getattr(report, "wasxfail", None) is not None:
+        return
+    reason = report.longrepr[-1] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+    if any(ok in reason for ok in CI_ALLOWED_SKIPS):
+        return
+    report.outcome = "failed"
+    report.longrepr = (f"skipped in CI: {reason}\nCI must have every tool the test suite needs; install it "
+                       f"in scripts/setup.sh (or, if CI can never have it, list the reason in "
+                       f"tests/conftest.py CI_ALLOWED_SKIPS)")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    _strict_skip(outcome.get_result())
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector):
+    outcome = yield
+    _strict_skip(outcome.get_result())

@@ -40,8 +40,14 @@ def test_user_named_dependencies_are_declared():
 def test_importer_entry_points_resolve():
     eps = {ep.name: ep for ep in entry_points(group="workbench.importers")}
     assert {"sglang", "folder"} <= set(eps)
+    from workbench.capture.importers.base import Importer
+    from workbench.capture.importers.folder import FolderImporter
+    from workbench.capture.importers.sglang import SGLangImporter
+
+    assert eps["sglang"].load() is SGLangImporter and eps["folder"].load() is FolderImporter
     for ep in eps.values():
-        assert ep.load() is not None
+        cls = ep.load()
+        assert isinstance(cls, type) and issubclass(cls, Importer) and cls.name == ep.name
 
 
 def test_import_workbench_is_lazy():

@@ -98,7 +98,6 @@ def test_graft_hybrid_model():
         rr({(0, 0, 3, "qsa", "q"): torch.zeros(1)})
 
 
-@pytest.mark.skipif(not (CAPTURES / "candidate").exists(), reason="bundled captures absent")
 def test_bundled_planted_first_divergence():
     cand = open_capture(CAPTURES / "candidate")
     want = cand.run["expect"]["first_divergence"]

@@ -45,7 +45,6 @@ def test_counterfactual_attributes_the_knob(cap):
     assert float(ds.share.sel(change="state_dtype=bf16")) > 0.9
 
 
-@pytest.mark.skipif(not (CAPTURES / "control").exists(), reason="bundled captures absent")
 def test_bundled_replay_gdn_and_merge():
     ds = replay(CAPTURES / "control", op="gdn", layer=0, rank=0, max_cases=3, backends=("torch", "oracle"))
     assert float(ds.err_captured.sel(variant="torch:default").max()) < 1e-5

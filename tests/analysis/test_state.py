@@ -30,7 +30,6 @@ def test_chunked_continuation_and_handoff():
     assert float(h.out_err.max()) < 1e-4 and (h.phase.values == "decode").sum() == 16
 
 
-@pytest.mark.skipif(not (CAPTURES / "candidate-bf16-state").exists(), reason="bundled captures absent")
 def test_bundled_bf16_state_drift_grows():
     ds = state_drift(CAPTURES / "candidate-bf16-state", CAPTURES / "control")
     assert ds.attrs["growing"] and ds.attrs["trend"] > 0.5

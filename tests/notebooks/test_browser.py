@@ -238,5 +238,6 @@ def test_html_report_renders_offline(suite, browser, tmp_path):
     assert page.locator(".js-plotly-plot .heatmaplayer, .js-plotly-plot .hm").count() >= 1
     assert page.locator(".workbench-gate[data-passed='true']").count() == 2
     assert not errors, errors
+    assert not blocked, f"the offline report asked the network for {blocked}"
     _keep(page, tmp_path, "report_first_divergence.png")
     assert json.loads((suite.out / "results.json").read_text())["ok"]

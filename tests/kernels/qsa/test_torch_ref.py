@@ -87,8 +87,6 @@ def test_empty_selection_gives_zero_and_minus_inf():
 
 @pytest.mark.parametrize("backend", ["torch", "ext"])
 def test_relocation_logical_bit_identical_physical_changes(backend):
-    if backend == "ext":
-        pytest.importorskip("workbench.kernels.qsa.ext")
     pb = decode_problem(B=2, HQ=8, HKV=2, D=64, seqlen=1200, budget=512, dtype=torch.bfloat16)
     moved = pb.cache.relocate(seed=7)
     out = {}
