@@ -59,3 +59,9 @@ extern "C" void qsa_merge_cpu(const float* o_parts, const float* lse_parts, int 
       if (d == 0) lse[r] = l;
     }
 }
+
+// The element rounding every native kernel shares (wb_round_to), exposed so that tests can hold
+// it bit for bit against an independent round-to-nearest-even (torch's casts).
+extern "C" void wb_round_array_cpu(const float* x, int64_t n, int dt, float* y) {
+  for (int64_t i = 0; i < n; ++i) y[i] = wb_round_to(x[i], dt);
+}

@@ -106,21 +106,44 @@ def test_argument_errors():
         splitk_sweep(x, w, splits=[1000])  # more splits than K: the gemm API refuses it
 
 
+def _independent_tokens(x, w, splits):
+    """The split-K token with bf16 partials, written without the workbench: numpy float32 sums in
+    k order over ceil(K / splits)-column slices, each partial rounded to bf16 by torch's cast, the
+    partials added in float32 left to right, the logits rounded to bf16, the first maximum."""
+    xf, wf = x.float().numpy().astype(np.float32), w.float().numpy().astype(np.float32)
+    K = xf.shape[1]
+    c = -(-K // splits)
+    total = None
+    for a in range(0, K, c):
+        acc = np.zeros((xf.shape[0], wf.shape[0]), dtype=np.float32)
+        for k in range(a, min(K, a + c)):
+            acc = acc + xf[:, k:k + 1] * wf[:, k]
+        part = torch.from_numpy(acc).bfloat16().float().numpy()
+        total = part if total is None else total + part
+    logits = torch.from_numpy(total).bfloat16().float().numpy()
+    return int(np.argmax(logits[0]))
+
+
 def test_bundled_splitk_capture_planted_answer():
-    """splitk-flip records the lm_head input and weight: the sweep reproduces, split count by split
-    count, which bf16-partial configurations flip the token (run["splitk"]), and fp32 partials
-    never do."""
+    """splitk-flip records the lm_head input and weight: the sweep's verdict for each split count
+    with bf16 partials equals an independent computation (numpy float32 + torch casts); 9 splits
+    fail and 16 pass, as planted; fp32 partials never flip."""
     cap = open_capture(CAPTURES / "splitk-flip")
-    sk = cap.run["splitk"]
-    expected = {int(k): v for k, v in sk["token_by_splits_bf16_partials"].items()}
-    ds = splitk_sweep_capture(cap, step=sk["step"], splits=sorted(expected), partial_dtypes=["fp32", "bf16"],
+    x = cap.get(step=0, op="lm_head", name="input").reshape(1, -1)
+    w = cap.get(step=0, op="lm_head", name="weight")
+    exact = int(np.argmax((x.double() @ w.double().T).numpy()[0]))
+    splits = list(range(1, 33))
+    ds = splitk_sweep_capture(cap, step=0, splits=splits, partial_dtypes=["fp32", "bf16"],
                               orders=["sequential"], logits_dtype="bf16")
     fails = ds.fails.sel(partial_dtype="bf16").isel(order=0)
-    got = sorted(int(s) for s in ds.splits.values if bool(fails.sel(splits=s)))
-    assert got == sorted(sk["flipping_splits_bf16_partials"])
-    assert not bool(ds.fails.sel(partial_dtype="fp32").any())
+    got = [s for s in splits if bool(fails.sel(splits=s))]
+    expected = [s for s in splits if _independent_tokens(x, w, s) != exact]
+    assert got == expected
     assert 9 in got and 16 not in got  # "9 splits fail, 16 pass"
+    assert not bool(ds.fails.sel(partial_dtype="fp32").any())
     assert all(bool(ds.partial_cause.sel(partial_dtype="bf16").isel(order=0).sel(splits=s)) for s in got)
+
+
 
 
 def test_docstring_examples_run():

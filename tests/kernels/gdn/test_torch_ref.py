@@ -109,3 +109,21 @@ def test_helpers_against_oracle():
     assert y.dtype == torch.bfloat16
     assert workbench.compare(oracle.gated_rmsnorm(x, z, w, 1e-6), y).rel_l2 < 5e-3
     assert torch_ref.is_available()[0]
+
+
+def test_gated_rmsnorm_rounds_the_normalized_value_to_x_dtype():
+    # Qwen3-Next's RMSNormGated: normalize in fp32, round to x's dtype (bf16), then scale and gate.
+    # Written independently in float64 with that one rounding, the result agrees bit for bit;
+    # without the intermediate rounding only about 3/4 of the elements would.
+    import torch.nn.functional as F
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(64, 128, generator=g).bfloat16()
+    z, w = torch.randn(64, 128, generator=g), torch.rand(128, generator=g) + 0.5
+    y = gdn.gated_rmsnorm(x, z, w, 1e-6)
+    x64 = x.double()
+    h = x64 * torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + 1e-6)
+    want = (w.double() * h.to(torch.bfloat16).double() * F.silu(z.double())).to(torch.bfloat16)
+    unrounded = (w.double() * h * F.silu(z.double())).to(torch.bfloat16)
+    assert (y == want).double().mean().item() > 0.995
+    assert (unrounded == want).double().mean().item() < 0.9  # the check can tell the two apart

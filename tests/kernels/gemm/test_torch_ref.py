@@ -116,3 +116,12 @@ def test_batch_invariance_report():
     assert r.invariant and r.rows == (True,) * 4 and "4/4" in str(r)
     bad = batch_invariance(lambda a: a * a.shape[0], x)  # depends on the batch: rows 0..3 differ
     assert not bad.invariant and bad.max_abs[0] > 0
+
+
+def test_slice_bounds_by_hand():
+    # ceil(K / splits) columns per slice, the last one shorter, none empty, every column once
+    assert oracle.slice_bounds(10, 3) == [(0, 4), (4, 8), (8, 10)]
+    assert oracle.slice_bounds(10, 4) == [(0, 3), (3, 6), (6, 9), (9, 10)]
+    assert oracle.slice_bounds(7, 7) == [(i, i + 1) for i in range(7)]
+    assert oracle.slice_bounds(4096, 9) == [(i * 456, min(4096, (i + 1) * 456)) for i in range(9)]
+    assert oracle.slice_bounds(5, 1) == [(0, 5)]

@@ -208,3 +208,37 @@ def test_cuda_launch_rejects_bad_overrides():
     with pytest.raises(KernelArgumentError, match="kernel"):
         with ext.cuda_launch(kernel="mma"):
             pass
+
+
+def _rounding_probe() -> torch.Tensor:
+    """fp32 values that exercise a rounding: random magnitudes over the whole range, the exact
+    halfway points between bf16 and fp16 neighbours (ties go to even), their fp32 neighbours,
+    fp16 subnormals, values at the overflow thresholds, signed zeros and infinities."""
+    g = torch.Generator().manual_seed(11)
+    rnd = torch.randn(20000, generator=g) * torch.exp2(torch.randint(-30, 30, (20000,), generator=g).float())
+    bits = torch.randint(0, 2**31 - 1, (20000,), generator=g, dtype=torch.int64).to(torch.int32)
+    halves = []
+    for drop in (16, 13):  # fraction bits dropped for bf16 and fp16
+        mant = torch.randint(0, 2**(23 - drop), (4000,), generator=g, dtype=torch.int32)
+        exp = torch.randint(100, 150, (4000,), generator=g, dtype=torch.int32)
+        tie = (exp << 23) | (mant << drop) | (1 << (drop - 1))
+        halves += [tie, tie + 1, tie - 1]
+    special = torch.tensor([0.0, -0.0, 65504.0, 65519.99, 65520.0, 65536.0, 3.3895e38, 3.4e38, 2.0**-24,
+                            2.0**-25, 3 * 2.0**-26, 2.0**-14 - 2.0**-26, 1e-40, -1e-40,
+                            float("inf"), -float("inf")])
+    tiny = torch.linspace(-2.0**-13, 2.0**-13, 5001)
+    parts = [rnd, bits.view(torch.float32)[:5000], *[h.view(torch.float32) for h in halves], special, tiny]
+    x = torch.cat(parts)
+    return torch.cat([x, -x])
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_native_element_rounding_is_round_to_nearest_even_bitwise(dtype):
+    # the rounding point every native QSA and GEMM kernel shares, bit for bit against torch's
+    # cast (an independent RNE): truncation, ties away from zero or a wrong subnormal quantum fail
+    x = _rounding_probe()
+    x = x[torch.isfinite(x) | torch.isinf(x)]
+    got = ext.round_elements(x, dtype)
+    want = x.to(torch.bfloat16 if dtype == "bf16" else torch.float16).float()
+    same = (got.view(torch.int32) == want.view(torch.int32)) | (torch.isnan(got) & torch.isnan(want))
+    assert bool(same.all()), f"{int((~same).sum())} of {x.numel()} differ, e.g. {x[~same][:5].tolist()}"

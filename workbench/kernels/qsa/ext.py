@@ -49,6 +49,8 @@ def _lib(kind: str) -> ctypes.CDLL:
         lib = _native.load("qsa", ["qsa/qsa_cpu.cpp"], kind="cpu", headers=_HDR)
         lib.qsa_split_partials_cpu.restype = None
         lib.qsa_merge_cpu.restype = None
+        lib.wb_round_array_cpu.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_void_p]
+        lib.wb_round_array_cpu.restype = None
     else:
         lib = _native.load("qsa", ["qsa/qsa_cuda.cu"], kind="cuda", headers=_HDR)
         vp, i32, f32 = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
@@ -57,6 +59,21 @@ def _lib(kind: str) -> ctypes.CDLL:
         lib.qsa_decode_cuda.restype = ctypes.c_int
         lib.qsa_merge_cuda.restype = ctypes.c_int
     return lib
+
+
+def round_elements(x: torch.Tensor, dtype: str) -> torch.Tensor:
+    """The native element rounding (``wb_round_to`` of ``kernels/qsa/qsa_elem.h``, shared by the
+    QSA and GEMM kernels) applied to fp32 CPU values: ``dtype`` "bf16" or "fp16", to nearest even,
+    returned as fp32. For tests of the native rounding against an independent implementation."""
+    codes = {"fp32": 0, "bf16": 1, "fp16": 2}
+    if dtype not in codes:
+        raise KernelArgumentError(f"dtype must be one of {sorted(codes)}, got {dtype!r}", key="dtype",
+                                  fix="pass 'bf16' or 'fp16'")
+    xs = x.detach().to("cpu", torch.float32).contiguous()
+    y = torch.empty_like(xs)
+    _lib("cpu").wb_round_array_cpu(ctypes.c_void_p(xs.data_ptr()), ctypes.c_int64(xs.numel()),
+                                   ctypes.c_int(codes[dtype]), ctypes.c_void_p(y.data_ptr()))
+    return y
 
 
 @contextlib.contextmanager
