@@ -19,6 +19,7 @@ import argparse
 import datetime as dt
 import hashlib
 import json
+import os
 import platform
 import shutil
 import statistics
@@ -59,6 +60,7 @@ def main() -> int:
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     from workbench.analysis.compare import compare_captures
+    from workbench.numerics.portable import cpu_name
 
     d = Path(a.dir)
     nbytes = build(d, a.gb)
@@ -87,8 +89,7 @@ def main() -> int:
     gbs = {k: 2 * nbytes / 1e9 / v for k, v in med.items()}  # both arms' bytes
     out = {
         "benchmark": "checksum_on_read", "command": " ".join([sys.executable.split("/")[-1], *sys.argv]),
-        "date": dt.date.today().isoformat(), "machine": {"cpu": platform.processor() or platform.machine(),
-                                                          "cores": __import__("os").cpu_count()},
+        "date": dt.date.today().isoformat(), "machine": {"cpu": cpu_name(), "cores": os.cpu_count()},
         "versions": {"python": platform.python_version(), "torch": torch.__version__, "numpy": np.__version__},
         "bytes_per_arm": nbytes, "repeats": a.repeats, "median_s": med, "GB_per_s_both_arms": gbs,
         "verify_overhead": med["verify"] / med["plain"],

@@ -217,13 +217,9 @@ def main() -> None:
 
 
 def _cpu() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
+    from workbench.numerics.portable import cpu_name
+
+    return cpu_name()
 
 
 def _versions() -> dict:

@@ -11,22 +11,11 @@ the machine's CPU, torch version and what run["arithmetic"] recorded; exits 1 if
 from __future__ import annotations
 
 import argparse
-import platform
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def main() -> int:
@@ -38,6 +27,7 @@ def main() -> int:
 
     from workbench.capture import open_capture
     from workbench.models.sample import write_samples
+    from workbench.numerics.portable import cpu_name
 
     paths = write_samples(a.out, overwrite=True)
     flags = sorted({f for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")

@@ -25,7 +25,7 @@ import subprocess
 import sys
 from typing import Any, Sequence
 
-__all__ = ["PORTABLE_ENV", "portable_env", "is_portable", "enter_portable", "arithmetic", "run_portable"]
+__all__ = ["PORTABLE_ENV", "portable_env", "is_portable", "enter_portable", "arithmetic", "run_portable", "cpu_name"]
 
 PORTABLE_ENV = {
     "ATEN_CPU_CAPABILITY": "default",
@@ -70,6 +70,20 @@ def enter_portable() -> None:
     torch.set_num_threads(1)
     torch.backends.mkldnn.enabled = False
     torch.backends.nnpack.set_flags(False)
+
+
+def cpu_name() -> str:
+    """The CPU's model name (``/proc/cpuinfo``), for benchmark and portability records."""
+    import platform
+    from pathlib import Path
+
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 def arithmetic() -> dict[str, Any]:
