@@ -85,14 +85,14 @@ class Capture:
     """
 
     def __init__(self, path: str | os.PathLike, *, verify: bool = False, _manifest: dict | None = None,
-                 _index: pd.DataFrame | None = None, _checked: dict | None = None) -> None:
+                 _index: pd.DataFrame | None = None, _shared: dict | None = None) -> None:
         self.path = Path(path)
         m = _manifest if _manifest is not None else load_manifest(self.path)
         self._manifest = m
         self.verify_on_read = bool(verify)
-        # shard -> None once its header (and, with verify, its sha256) matched the manifest;
-        # shared by every view of this capture
-        self._checked: dict = {} if _checked is None else _checked
+        # state shared by every view of this capture: the shards whose header (and, with verify,
+        # sha256) matched the manifest, and the manifest rows grouped by shard
+        self._shared: dict = {"checked": set(), "rows_by_shard": None} if _shared is None else _shared
         self.arm: str = m["arm"]
         self.run: dict = m["run"]
         self.shards: list[dict] = m["shards"]
@@ -162,7 +162,7 @@ class Capture:
                 )
             m &= _match(col, want)
         return Capture(self.path, verify=self.verify_on_read, _manifest=self._manifest,
-                       _index=df[m].reset_index(drop=True), _checked=self._checked)
+                       _index=df[m].reset_index(drop=True), _shared=self._shared)
 
     def _row(self, key: dict) -> pd.Series:
         view = self.select(**key)
@@ -201,15 +201,22 @@ class Capture:
         if size < end:
             raise ShardError(f"shard is truncated: {size} bytes, the tensor ends at byte {end}",
                              file=p, key=key, fix="re-copy the shard (the copy was cut short) or re-capture")
-        if shard not in self._checked:
+        if shard not in self._shared["checked"]:
             self._check_shard(shard, p, sha=self.verify_on_read)
         return np.memmap(p, dtype=dt, mode="c", offset=int(row["offset"]), shape=(n,))
 
     def _shard_rows(self, shard: int) -> list[dict]:
+        """The manifest rows stored in ``shard`` (grouped once per capture, not scanned per shard)."""
         cols = self._manifest["tensors"]
-        return [{c: cols[c][i] for c in ("rank", "step", "layer", "op", "name", "seq", "dtype", "shape",
-                                         "offset", "nbytes")}
-                for i, s in enumerate(cols["shard"]) if s == shard]
+        groups = self._shared["rows_by_shard"]
+        if groups is None:
+            sh = np.asarray(cols["shard"], dtype=np.int64)
+            order = np.argsort(sh, kind="stable")
+            bounds = np.searchsorted(sh[order], np.arange(len(self.shards) + 1))
+            groups = [order[bounds[i]:bounds[i + 1]] for i in range(len(self.shards))]
+            self._shared["rows_by_shard"] = groups
+        fields = ("rank", "step", "layer", "op", "name", "seq", "dtype", "shape", "offset", "nbytes")
+        return [{c: cols[c][i] for c in fields} for i in groups[shard].tolist()]
 
     def _check_shard(self, shard: int, p: Path, *, sha: bool) -> None:
         """The shard's header agrees with every manifest entry that points into it (raises
@@ -230,7 +237,7 @@ class Capture:
             raise ShardError(f"the manifest and the shard's header disagree: {msg}", file=p, key=key,
                              fix="the manifest or the shard was edited or mixed up with another capture's; "
                                  "restore both from the source or re-capture")
-        self._checked[shard] = None
+        self._shared["checked"].add(shard)
 
     def raw(self, row) -> np.ndarray:
         """Flat numpy view of a tensor's stored elements (bf16 as uint16 bits); lazy."""
