@@ -43,6 +43,10 @@ from workbench.numerics.policy import Policy
 __all__ = ["HybridConfig", "ArmConfig", "Override", "RecordSpec", "HybridDecoder", "FAMILIES"]
 
 FAMILIES = ("gdn", "qsa", "proj", "lm_head")
+# the GDN helper ops (gates, conv, gated norm) and the QSA indexer and output gate exist in the torch
+# and oracle backends only: with a native or numba backend the model runs torch's (recorded in
+# workbench.kernels.fallbacks(), warned once), and the kernel ops themselves on the backend asked for
+_HELPER_FALLBACK = "torch"
 _BACKEND_FAMILY = {"gdn": "gdn", "qsa": "qsa", "proj": "gemm", "lm_head": "gemm"}
 
 
@@ -358,12 +362,13 @@ class HybridDecoder:
             conv_rows = torch.cat([kr, H * K + kr, 2 * H * K + vr])
             qkv, cache[("conv", i, r)] = gdn.causal_conv1d(
                 torch.cat([q, k, v], -1)[None], conv[conv_rows], state=cache.get(("conv", i, r)),
-                backend=be, policy=pol)
+                backend=be, policy=pol, fallback=_HELPER_FALLBACK)
             nk = len(kh) * K
             q = qkv[0, :, :nk].reshape(1, T, len(kh), K)
             k = qkv[0, :, nk:2 * nk].reshape(1, T, len(kh), K)
             v = qkv[0, :, 2 * nk:].reshape(1, T, len(vh), K)
-            g, beta = gdn.gates(a[None], b[None], W[p + "A_log"][vh], W[p + "dt_bias"][vh], backend=be, policy=pol)
+            g, beta = gdn.gates(a[None], b[None], W[p + "A_log"][vh], W[p + "dt_bias"][vh], backend=be, policy=pol,
+                                fallback=_HELPER_FALLBACK)
             fn = gdn.chunked if T > 1 else gdn.recurrent
             o, S = fn(q, k, v, g, beta, initial_state=cache.get(("state", i, r)), qk_l2norm=True,
                       backend=be, policy=pol)
@@ -372,7 +377,8 @@ class HybridDecoder:
                 tape.add(t, rank=r, layer=i, op="gdn", name=name, tokens=True)
             tape.add(o[0], rank=r, layer=i, op="gdn", name="core", tokens=True)
             tape.add(S[0], rank=r, layer=i, op="gdn", name="state")
-            y = gdn.gated_rmsnorm(o[0], z.reshape(T, len(vh), K), W[p + "gnorm"], c.eps, backend=be, policy=pol)
+            y = gdn.gated_rmsnorm(o[0], z.reshape(T, len(vh), K), W[p + "gnorm"], c.eps, backend=be, policy=pol,
+                                  fallback=_HELPER_FALLBACK)
             parts.append(self._mm(y.reshape(T, -1), W[p + "o"][:, vr], arm, i, r))
         return self._all_reduce(parts)
 
@@ -399,9 +405,10 @@ class HybridDecoder:
             K_all, V_all, IK_all = cache[("k", i, r)], cache[("v", i, r)], cache[("ik", i, r)]
             n = K_all.shape[0]
             pos = torch.arange(n - T, n)
-            bk = qsa.block_keys(IK_all[None], ratio=c.ratio, policy=pol, backend=be)
-            scores = qsa.index_scores(iq, bk.expand(T, -1, -1), pos=pos, ratio=c.ratio, policy=pol, backend=be)
-            idx = qsa.select(scores, budget=c.budget, ratio=c.ratio, pos=pos, backend=be)
+            bk = qsa.block_keys(IK_all[None], ratio=c.ratio, policy=pol, backend=be, fallback=_HELPER_FALLBACK)
+            scores = qsa.index_scores(iq, bk.expand(T, -1, -1), pos=pos, ratio=c.ratio, policy=pol, backend=be,
+                                      fallback=_HELPER_FALLBACK)
+            idx = qsa.select(scores, budget=c.budget, ratio=c.ratio, pos=pos, backend=be, fallback=_HELPER_FALLBACK)
             kv = qsa.PagedKVCache.from_dense(K_all[None], V_all[None], page_size=c.ratio, seed=arm.page_seed)
             table = kv.block_table.expand(T, -1).contiguous()
             L = idx.shape[1]
@@ -416,7 +423,7 @@ class HybridDecoder:
             o_parts = torch.stack(o_parts, -2)
             lse_parts = torch.stack(lse_parts, -1)
             o, lse = qsa.merge_states(o_parts, lse_parts, policy=pol, backend=be)
-            gated = qsa.output_gate(o.float(), gate, policy=pol, backend=be)
+            gated = qsa.output_gate(o.float(), gate, policy=pol, backend=be, fallback=_HELPER_FALLBACK)
             for name, t in (("q", q), ("k", k), ("v", v), ("gate", gate), ("index_scores", scores),
                             ("indices", idx), ("partial_o", o_parts), ("partial_lse", lse_parts),
                             ("o", o), ("lse", lse), ("gated", gated)):

@@ -16,7 +16,7 @@ MODULES = ["oracle", "torch_ref", "numba_cuda", "ext", "fla"]
 
 def _public_without_backend(op):
     sig = inspect.signature(getattr(gdn, op))
-    return sig.replace(parameters=[p for p in sig.parameters.values() if p.name != "backend"])
+    return sig.replace(parameters=[p for p in sig.parameters.values() if p.name not in ("backend", "fallback")])
 
 
 @pytest.mark.parametrize("module", MODULES)
@@ -24,6 +24,9 @@ def _public_without_backend(op):
 def test_signatures_identical(module, op):
     # importing a backend module must not need its hardware (numba, nvcc, fla are checked lazily)
     mod = importlib.import_module(f"workbench.kernels.gdn.{module}")
+    if op not in mod.OPS:
+        assert not hasattr(mod, op), f"{module} defines {op} without declaring it in OPS"
+        return
     assert inspect.signature(getattr(mod, op)) == _public_without_backend(op)
     for name, p in inspect.signature(getattr(mod, op)).parameters.items():
         if name in ("scale", "initial_state", "qk_l2norm", "chunk_size", "policy", "state"):
@@ -38,6 +41,40 @@ def test_backends_listing():
     for name in ("numba", "fla"):  # no GPU in CI
         if not torch.cuda.is_available():
             assert not row.loc[name, "available"] and row.loc[name, "reason"]
+
+
+@pytest.mark.parametrize("backend", ["ext", "numba", "fla"])
+@pytest.mark.parametrize("op", ["gates", "causal_conv1d", "gated_rmsnorm"])
+def test_a_backend_never_runs_another_backends_code_silently(backend, op):
+    # the native, numba and fla backends implement recurrent and chunked only: asking them for a
+    # helper op is a typed error naming who implements it, or, with fallback=, torch's code with a
+    # warning and a record (never torch's result under another backend's name)
+    from workbench.kernels import fallbacks
+    from workbench.kernels.registry import BackendFallbackWarning, _FALLBACKS
+
+    args = {"gates": (torch.zeros(1, 2, 2), torch.zeros(1, 2, 2), torch.zeros(2), torch.zeros(2)),
+            "causal_conv1d": (torch.randn(1, 5, 4), torch.randn(4, 4)),
+            "gated_rmsnorm": (torch.randn(3, 8), torch.randn(3, 8), torch.ones(8))}[op]
+    with pytest.raises(BackendUnavailableError, match=rf"does not implement {op}; backends that do: \['oracle', 'torch'\]"):
+        getattr(gdn, op)(*args, backend=backend)
+    _FALLBACKS.pop(("gdn", backend, op), None)
+    with pytest.warns(BackendFallbackWarning, match=f"running 'torch'"):
+        got = getattr(gdn, op)(*args, backend=backend, fallback="torch")
+    want = getattr(gdn, op)(*args, backend="torch")
+    for a, b in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,)):
+        assert torch.equal(a, b)
+    assert {"family": "gdn", "op": op, "requested": backend, "ran": "torch"} in fallbacks()
+    with pytest.raises(BackendUnavailableError, match="fallback 'ext'"):
+        getattr(gdn, op)(*args, backend=backend, fallback="ext")
+
+
+def test_backends_table_by_op():
+    t = backends("gdn", by_op=True)
+    assert set(t.columns) == {"op", "name", "implemented", "available", "reason"}
+    ext = t[(t.name == "ext")].set_index("op")
+    assert ext.loc["chunked", "implemented"] and not ext.loc["gates", "implemented"]
+    assert "does not implement gates" in ext.loc["gates", "reason"]
+    assert set(backends("gdn").set_index("name").loc["torch", "ops"]) == set(OPS)
 
 
 def test_unavailable_and_unknown_backend():

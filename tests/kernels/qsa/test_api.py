@@ -15,10 +15,11 @@ OPS = ["block_keys", "index_scores", "select", "sparse_decode", "merge_states", 
 @pytest.mark.parametrize("op", OPS)
 def test_backends_share_keyword_signatures(op):
     public = inspect.signature(getattr(qsa, op))
-    expected = [p for n, p in public.parameters.items() if n != "backend"]
+    expected = [p for n, p in public.parameters.items() if n not in ("backend", "fallback")]
     for m in MODULES:
         mod = importlib.import_module(f"workbench.kernels.qsa.{m}")
         fn = getattr(mod, op, None)
+        assert (fn is not None) == (op in mod.OPS), (m, op)
         if fn is not None:
             assert list(inspect.signature(fn).parameters.values()) == expected, (m, op)
 

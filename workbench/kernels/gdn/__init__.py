@@ -14,7 +14,7 @@ with the same keyword arguments.
 from __future__ import annotations
 
 from workbench.kernels.gdn import _checks
-from workbench.kernels.registry import get_backend, register_backend
+from workbench.kernels.registry import get_op, register_backend
 
 __all__ = ["recurrent", "chunked", "gates", "causal_conv1d", "gated_rmsnorm", "BACKENDS"]
 
@@ -80,7 +80,7 @@ def recurrent(q, k, v, g, beta, *, scale=None, initial_state=None, qk_l2norm=Fal
     (torch.Size([1, 5, 4, 8]), torch.Size([1, 4, 8, 8]))
     """
     _checks.check_gdn(q, k, v, g, beta, scale, initial_state)
-    return get_backend("gdn", backend).recurrent(
+    return get_op("gdn", backend, "recurrent")(
         q, k, v, g, beta, scale=scale, initial_state=initial_state, qk_l2norm=qk_l2norm,
         policy=policy)
 
@@ -112,12 +112,12 @@ def chunked(q, k, v, g, beta, *, scale=None, initial_state=None, qk_l2norm=False
     _checks.check_gdn(q, k, v, g, beta, scale, initial_state)
     if chunk_size is not None:
         _checks.resolve_chunk(chunk_size, None)
-    return get_backend("gdn", backend).chunked(
+    return get_op("gdn", backend, "chunked")(
         q, k, v, g, beta, scale=scale, initial_state=initial_state, qk_l2norm=qk_l2norm,
         chunk_size=chunk_size, policy=policy)
 
 
-def gates(a, b, A_log, dt_bias, *, backend="torch", policy=None):
+def gates(a, b, A_log, dt_bias, *, backend="torch", policy=None, fallback=None):
     """Decay and write strength from the projections: g = -exp(A_log) softplus(a + dt_bias),
     beta = sigmoid(b).
 
@@ -125,6 +125,11 @@ def gates(a, b, A_log, dt_bias, *, backend="torch", policy=None):
     ----------
     a, b : [B, T, HV] float
     A_log, dt_bias : [HV] float
+    fallback : str, optional
+        Backend to run this op when ``backend`` does not implement it (the native and fla backends
+        implement only ``recurrent`` and ``chunked``): e.g. ``"torch"``. The substitution is warned
+        about once and recorded in ``workbench.kernels.fallbacks()``; without it such a call is a
+        BackendUnavailableError listing the backends that implement the op.
 
     Returns
     -------
@@ -139,10 +144,10 @@ def gates(a, b, A_log, dt_bias, *, backend="torch", policy=None):
     (-0.6931, 0.5)
     """
     _checks.check_gates(a, b, A_log, dt_bias)
-    return get_backend("gdn", backend).gates(a, b, A_log, dt_bias, policy=policy)
+    return get_op("gdn", backend, "gates", fallback=fallback)(a, b, A_log, dt_bias, policy=policy)
 
 
-def causal_conv1d(x, weight, *, state=None, backend="torch", policy=None):
+def causal_conv1d(x, weight, *, state=None, backend="torch", policy=None, fallback=None):
     """Depthwise causal convolution over time followed by SiLU, with a rolling state for decode.
 
     Parameters
@@ -151,6 +156,11 @@ def causal_conv1d(x, weight, *, state=None, backend="torch", policy=None):
     weight : [D, W] float (W = 4 in the models)
     state : [B, D, W - 1], optional
         The last W - 1 inputs before x (None: zeros).
+    fallback : str, optional
+        Backend to run this op when ``backend`` does not implement it (the native and fla backends
+        implement only ``recurrent`` and ``chunked``): e.g. ``"torch"``. The substitution is warned
+        about once and recorded in ``workbench.kernels.fallbacks()``; without it such a call is a
+        BackendUnavailableError listing the backends that implement the op.
 
     Returns
     -------
@@ -167,10 +177,10 @@ def causal_conv1d(x, weight, *, state=None, backend="torch", policy=None):
     (torch.Size([2, 7, 6]), torch.Size([2, 6, 3]))
     """
     _checks.check_conv(x, weight, state)
-    return get_backend("gdn", backend).causal_conv1d(x, weight, state=state, policy=policy)
+    return get_op("gdn", backend, "causal_conv1d", fallback=fallback)(x, weight, state=state, policy=policy)
 
 
-def gated_rmsnorm(x, z, weight, eps=1e-6, *, backend="torch", policy=None):
+def gated_rmsnorm(x, z, weight, eps=1e-6, *, backend="torch", policy=None, fallback=None):
     """Gated RMSNorm of the GDN output: weight * x / sqrt(mean(x^2) + eps) * silu(z).
 
     Parameters
@@ -178,6 +188,11 @@ def gated_rmsnorm(x, z, weight, eps=1e-6, *, backend="torch", policy=None):
     x, z : [..., D] float
     weight : [D] float
     eps : float
+    fallback : str, optional
+        Backend to run this op when ``backend`` does not implement it (the native and fla backends
+        implement only ``recurrent`` and ``chunked``): e.g. ``"torch"``. The substitution is warned
+        about once and recorded in ``workbench.kernels.fallbacks()``; without it such a call is a
+        BackendUnavailableError listing the backends that implement the op.
 
     Returns
     -------
@@ -191,4 +206,4 @@ def gated_rmsnorm(x, z, weight, eps=1e-6, *, backend="torch", policy=None):
     torch.Size([3, 8])
     """
     _checks.check_rmsnorm(x, z, weight, eps)
-    return get_backend("gdn", backend).gated_rmsnorm(x, z, weight, eps, policy=policy)
+    return get_op("gdn", backend, "gated_rmsnorm", fallback=fallback)(x, z, weight, eps, policy=policy)

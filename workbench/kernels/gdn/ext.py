@@ -29,12 +29,15 @@ import torch
 from workbench.errors import BackendUnavailableError, KernelArgumentError
 from workbench.kernels import _native
 # the helper ops run through the torch implementation (same keyword signatures)
-from workbench.kernels.gdn.torch_ref import causal_conv1d, gated_rmsnorm, gates  # noqa: F401
 from workbench.kernels.gdn._checks import l2norm
 from workbench.kernels.gdn._launch import stage
 from workbench.numerics.dtypes import torch_dtype
 
-__all__ = ["recurrent", "chunked", "gates", "causal_conv1d", "gated_rmsnorm", "is_available",
+# the ops this backend implements itself; the helper ops (gates, conv, gated norm) are torch's
+# or the oracle's, reached through fallback= (workbench.kernels.registry.get_op)
+OPS = ("recurrent", "chunked")
+
+__all__ = ["recurrent", "chunked", "is_available",
            "library"]
 
 HEADERS = ["gdn/gdn_common.h", "gdn/gdn_mma.h"]

@@ -16,11 +16,14 @@ import torch
 
 from workbench.errors import KernelArgumentError
 # the helper ops run through the torch implementation (same keyword signatures)
-from workbench.kernels.gdn.torch_ref import causal_conv1d, gated_rmsnorm, gates  # noqa: F401
 from workbench.kernels.gdn._checks import check_gdn, resolve_chunk
 from workbench.numerics.policy import resolve_policy
 
-__all__ = ["recurrent", "chunked", "gates", "causal_conv1d", "gated_rmsnorm", "is_available"]
+# the ops this backend implements itself; the helper ops (gates, conv, gated norm) are torch's
+# or the oracle's, reached through fallback= (workbench.kernels.registry.get_op)
+OPS = ("recurrent", "chunked")
+
+__all__ = ["recurrent", "chunked", "is_available"]
 
 INSTALL = "pip install flash-linear-attention==0.6.0 fla-core==0.6.0 (needs triton and a CUDA GPU)"
 

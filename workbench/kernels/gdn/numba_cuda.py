@@ -30,7 +30,6 @@ import torch
 
 from workbench.errors import KernelArgumentError
 # the helper ops run through the torch implementation (same keyword signatures)
-from workbench.kernels.gdn.torch_ref import causal_conv1d, gated_rmsnorm, gates  # noqa: F401
 from workbench.kernels.gdn._launch import stage
 
 try:  # kernels must see the module-level ``cuda``: the simulator swaps it in their globals
@@ -39,7 +38,11 @@ except Exception as _e:  # pragma: no cover - is_available() reports it
     cuda = float32 = None
     _IMPORT_ERROR = f"{type(_e).__name__}: {_e}"
 
-__all__ = ["recurrent", "chunked", "gates", "causal_conv1d", "gated_rmsnorm", "is_available",
+# the ops this backend implements itself; the helper ops (gates, conv, gated norm) are torch's
+# or the oracle's, reached through fallback= (workbench.kernels.registry.get_op)
+OPS = ("recurrent", "chunked")
+
+__all__ = ["recurrent", "chunked", "is_available",
            "kernel_sources"]
 
 NS = 4                 # K slices per value column in the recurrent kernels

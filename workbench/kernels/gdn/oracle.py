@@ -16,6 +16,8 @@ from workbench.kernels.gdn._checks import check_gdn, l2norm, resolve_chunk
 from workbench.kernels.gdn._chunk import chunk_step
 from workbench.numerics.policy import resolve_policy
 
+OPS = ("recurrent", "chunked", "gates", "causal_conv1d", "gated_rmsnorm")
+
 __all__ = ["recurrent", "chunked", "gates", "causal_conv1d", "gated_rmsnorm", "is_available"]
 
 F64 = torch.float64

@@ -23,6 +23,8 @@ from workbench.kernels.gdn._chunk import chunk_step
 from workbench.numerics.dtypes import torch_dtype
 from workbench.numerics.policy import resolve_policy
 
+OPS = ("recurrent", "chunked", "gates", "causal_conv1d", "gated_rmsnorm")
+
 __all__ = ["recurrent", "chunked", "gates", "causal_conv1d", "gated_rmsnorm", "is_available"]
 
 

@@ -28,6 +28,8 @@ from workbench.errors import BackendUnavailableError
 from workbench.kernels import _native
 from workbench.numerics.dtypes import canonical, torch_dtype
 
+OPS = ("splitk_matmul",)
+
 __all__ = ["splitk_matmul", "is_available", "cuda_path", "PATH_ENV"]
 
 _DT = {"fp32": 0, "bf16": 1, "fp16": 2}

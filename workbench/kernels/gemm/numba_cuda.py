@@ -19,6 +19,8 @@ from workbench.errors import BackendUnavailableError
 from workbench.kernels.qsa.numba_cuda import _ld, _round, _simulated, _stream, is_available
 from workbench.numerics.dtypes import canonical, torch_dtype
 
+OPS = ("splitk_matmul",)
+
 __all__ = ["splitk_matmul", "is_available", "SIGNATURES", "selfcheck"]
 
 MAXM, WARPS, TPB, SHW, TREE = 16, 8, 256, 4096, 64

@@ -13,6 +13,8 @@ import torch
 
 from workbench.numerics.dtypes import round_to
 
+OPS = ("splitk_matmul",)
+
 __all__ = ["splitk_matmul", "splitk_partials", "slice_bounds", "is_available"]
 
 

@@ -17,6 +17,8 @@ import torch
 from workbench.kernels.gemm.oracle import slice_bounds
 from workbench.numerics.dtypes import torch_dtype
 
+OPS = ("splitk_matmul",)
+
 __all__ = ["splitk_matmul", "splitk_partials", "slice_product", "reduce_partials", "is_available"]
 
 

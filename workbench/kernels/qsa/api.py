@@ -2,7 +2,10 @@
 
 Backends: ``"oracle"`` (fp64 truth), ``"torch"`` (policy knobs), ``"numba"`` (numba.cuda
 kernels), ``"ext"`` (native C++ on CPU tensors, CUDA on GPU tensors). Every backend module exposes
-the same keyword signatures; a backend that lacks an op raises BackendUnavailableError.
+the same keyword signatures for the ops it declares in ``OPS``; asking a backend for another op
+raises BackendUnavailableError listing the backends that implement it, unless ``fallback=`` names
+one (the indexer and gate ops exist in ``torch`` and ``oracle`` only; the substitution is recorded
+in ``workbench.kernels.fallbacks()``).
 """
 
 from __future__ import annotations
@@ -11,19 +14,14 @@ import torch
 
 from workbench.errors import BackendUnavailableError, KernelArgumentError
 from workbench.kernels.qsa.paged import check_decode_args, unpack_cache
-from workbench.kernels.registry import get_backend
+from workbench.kernels.registry import get_op
 from workbench.numerics.policy import resolve_policy
 
 __all__ = ["block_keys", "index_scores", "select", "sparse_decode", "merge_states", "output_gate"]
 
 
-def _op(backend: str, name: str):
-    mod = get_backend("qsa", backend)
-    fn = getattr(mod, name, None)
-    if fn is None:
-        raise BackendUnavailableError(f"qsa backend {backend!r} does not implement {name}", key="backend",
-                                      fix="use backend='torch' or 'oracle' for this op")
-    return fn
+def _op(backend: str, name: str, fallback: str | None = None):
+    return get_op("qsa", backend, name, fallback=fallback)
 
 
 def _tensor(name, t, ndim, shape_doc):
@@ -42,7 +40,7 @@ def _posint(name, v):
                                   fix=f"pass {name}= a positive integer")
 
 
-def block_keys(k, *, ratio=4, norm=None, policy=None, backend="torch"):
+def block_keys(k, *, ratio=4, norm=None, policy=None, backend="torch", fallback=None):
     """Indexer keys of complete blocks: the mean of ``ratio`` consecutive keys.
 
     Parameters
@@ -63,10 +61,10 @@ def block_keys(k, *, ratio=4, norm=None, policy=None, backend="torch"):
     """
     _tensor("k", k, 3, "[B, T, D]")
     _posint("ratio", ratio)
-    return _op(backend, "block_keys")(k, ratio=ratio, norm=norm, policy=policy)
+    return _op(backend, "block_keys", fallback)(k, ratio=ratio, norm=norm, policy=policy)
 
 
-def index_scores(q_index, block_keys, *, pos, ratio=4, policy=None, backend="torch"):
+def index_scores(q_index, block_keys, *, pos, ratio=4, policy=None, backend="torch", fallback=None):
     """Indexer score of every block: ``sum_h relu(q_h . kbar_b) / sqrt(D)``.
 
     Parameters
@@ -92,10 +90,10 @@ def index_scores(q_index, block_keys, *, pos, ratio=4, policy=None, backend="tor
         raise KernelArgumentError(
             f"block_keys must be [B={q_index.shape[0]}, NB, D={q_index.shape[2]}] to match q_index, "
             f"got {tuple(block_keys.shape)}", key="block_keys", fix="use keys of the same batch and dim")
-    return _op(backend, "index_scores")(q_index, block_keys, pos=pos, ratio=ratio, policy=policy)
+    return _op(backend, "index_scores", fallback)(q_index, block_keys, pos=pos, ratio=ratio, policy=policy)
 
 
-def select(scores, *, budget, ratio=4, pos, seqlen=None, order="topk", backend="torch"):
+def select(scores, *, budget, ratio=4, pos, seqlen=None, order="topk", backend="torch", fallback=None):
     """Token indices to attend to: top ``budget // ratio`` blocks, expanded, plus the open tail.
 
     Ordering rule (deterministic): ``order="topk"`` lists blocks by descending score, ties to the
@@ -128,7 +126,7 @@ def select(scores, *, budget, ratio=4, pos, seqlen=None, order="topk", backend="
     if order not in ("topk", "logical"):
         raise KernelArgumentError(f"order must be one of ['topk', 'logical'], got {order!r}", key="order",
                                   fix="pass order='topk' or order='logical'")
-    return _op(backend, "select")(scores, budget=budget, ratio=ratio, pos=pos, seqlen=seqlen, order=order)
+    return _op(backend, "select", fallback)(scores, budget=budget, ratio=ratio, pos=pos, seqlen=seqlen, order=order)
 
 
 def sparse_decode(q, kv_cache, block_table, indices, *, scale=None, num_splits=None, policy=None,
@@ -201,7 +199,7 @@ def merge_states(o_parts, lse_parts, *, policy=None, backend="torch"):
     return _op(backend, "merge_states")(o_parts, lse_parts, policy=policy)
 
 
-def output_gate(o, gate, *, policy=None, backend="torch"):
+def output_gate(o, gate, *, policy=None, backend="torch", fallback=None):
     """``o * sigmoid(gate)``, rounded to the output dtype.
 
     ``policy.gate_round_output`` rounds o to the output dtype (``policy.output_dtype``, else
@@ -225,4 +223,4 @@ def output_gate(o, gate, *, policy=None, backend="torch"):
     if o.shape != gate.shape:
         raise KernelArgumentError(f"gate must have o's shape {tuple(o.shape)}, got {tuple(gate.shape)}",
                                   key="gate", fix="pass one gate logit per output element")
-    return _op(backend, "output_gate")(o, gate, policy=policy)
+    return _op(backend, "output_gate", fallback)(o, gate, policy=policy)

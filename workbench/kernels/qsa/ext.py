@@ -30,6 +30,8 @@ from workbench.kernels.qsa.torch_ref import split_layout
 from workbench.numerics.dtypes import canonical
 from workbench.numerics.policy import resolve_policy
 
+OPS = ("sparse_decode", "merge_states")
+
 __all__ = ["sparse_decode", "merge_states", "is_available", "cuda_launch"]
 
 _DT = {"fp32": 0, "bf16": 1, "fp16": 2}

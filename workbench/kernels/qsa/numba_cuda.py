@@ -27,6 +27,8 @@ from workbench.kernels.qsa.torch_ref import split_layout
 from workbench.numerics.dtypes import canonical, torch_dtype
 from workbench.numerics.policy import resolve_policy
 
+OPS = ("sparse_decode", "merge_states")
+
 __all__ = ["sparse_decode", "merge_states", "is_available", "SIGNATURES", "selfcheck"]
 
 MAXG, QS, SC, SL, RED = 16, 4112, 6144, 1024, 32

@@ -13,6 +13,8 @@ import torch
 from workbench.kernels.qsa._select import select_tokens
 from workbench.kernels.qsa.paged import unpack_cache, visit_slots
 
+OPS = ("block_keys", "index_scores", "select", "sparse_decode", "merge_states", "output_gate")
+
 __all__ = ["block_keys", "index_scores", "select", "sparse_decode", "merge_states", "output_gate",
            "is_available"]
 

@@ -19,6 +19,8 @@ from workbench.kernels.qsa.paged import unpack_cache, visit_slots
 from workbench.numerics.dtypes import torch_dtype
 from workbench.numerics.policy import resolve_policy
 
+OPS = ("block_keys", "index_scores", "select", "sparse_decode", "merge_states", "output_gate")
+
 __all__ = ["block_keys", "index_scores", "select", "sparse_decode", "merge_states", "output_gate",
            "is_available", "split_layout"]
 
