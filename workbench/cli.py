@@ -111,7 +111,7 @@ EXIT_OK, EXIT_DIVERGED, EXIT_BAD_INPUT, EXIT_MISSING_KEYS = 0, 1, 2, 3
 
 def cmd_compare(args) -> int:
     from workbench.analysis.compare import Rule, compare_captures
-    from workbench.capture.format import atomic_write_json
+    from workbench._atomic import atomic_write_json
 
     rules = []
     for spec in args.rule or []:
@@ -129,7 +129,7 @@ def cmd_compare(args) -> int:
                            verify=args.verify)
     print(res.report(rows=args.rows))
     if out is not None:
-        atomic_write_json(out, json.loads(json.dumps(res.to_dict(), default=str)))
+        atomic_write_json(out, json.loads(json.dumps(res.to_dict(), default=str)), indent=1)
         print(f"\nwrote {out}")
     if res.first_divergence() is not None:
         return EXIT_DIVERGED

@@ -39,6 +39,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
+from workbench._atomic import atomic_write_json
 from workbench.errors import WorkbenchError
 from workbench.notebook import GATE_MIMETYPE, ROOT_ENV, repo_root
 
@@ -517,14 +518,20 @@ def run_notebooks(notebooks: Sequence[str | os.PathLike] | None = None, *,
                          "source": ""}
             page = None
             if html_reports and executed is not None:
-                page = export_html(executed, out / f"{p.stem}.html", title=p.stem)
+                try:
+                    page = export_html(executed, out / f"{p.stem}.html", title=p.stem)
+                except Exception as e:  # one report that cannot be exported must not lose the others
+                    (out / f"{p.stem}.html").unlink(missing_ok=True)
+                    status = "error"
+                    error = {"cell": None, "ename": f"HTML export: {type(e).__name__}",
+                             "evalue": str(e) or type(e).__name__, "source": ""}
             r = NotebookResult(notebook=rel, status=status, parameters=_jsonable(bound[p]),
                                gates=gates, error=error, ipynb=dest.name if executed is not None else None,
                                html=page.name if page else None, seconds=round(seconds, 2))
             log(r.describe())
             results.append(r)
     res = RunResult(out=out, notebooks=results)
-    (out / "results.json").write_text(json.dumps(res.to_dict(), indent=1, default=str))
+    atomic_write_json(out / "results.json", json.loads(json.dumps(res.to_dict(), default=str)), indent=1)
     _write_index(res)
     return res
 

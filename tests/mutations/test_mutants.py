@@ -50,11 +50,11 @@ MUTANTS = [
     Mutant("floor-sized-slices", "workbench/kernels/gemm/oracle.py",
            "c = -(-K // splits)", "c = max(1, K // splits)",
            ("tests/kernels/gemm/test_torch_ref.py::test_slice_bounds_by_hand",)),
-    Mutant("manifest-written-in-place", "workbench/capture/format.py",
+    Mutant("manifest-written-in-place", "workbench/_atomic.py",
            '    """Write JSON to ``path`` through a temp file, fsync and rename (readers never see half)."""\n',
            '    """Write JSON to ``path`` through a temp file, fsync and rename (readers never see half)."""\n'
            '    with open(path, "w") as f:\n'
-           '        json.dump(obj, f, separators=(",", ":"), allow_nan=False)\n'
+           '        json.dump(obj, f, indent=indent, allow_nan=False)\n'
            '    return\n',
            ("tests/capture/test_writer.py::test_manifest_is_committed_atomically",)),
     Mutant("files-sorted-as-strings", "workbench/capture/importers/_files.py",

@@ -5,6 +5,7 @@ New notebooks are picked up automatically."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import nbformat
 import pytest
@@ -96,3 +97,26 @@ def test_interactive_run_saves_widget_state(tmp_path):
     assert any(m["model_name"] == "DropdownModel" for m in state.values())
     page = (tmp_path / "first_divergence.html").read_text()
     assert "application/vnd.jupyter.widget-state+json" in page
+
+
+def test_an_html_export_failure_loses_no_other_result(tmp_path, monkeypatch):
+    # one notebook whose report cannot be exported is an error in results.json and index.html;
+    # the other notebooks' results are written as usual
+    import workbench.runner as runner
+
+    real = runner.export_html
+
+    def flaky(nb, dest, **kw):
+        if Path(dest).stem == "tour":
+            raise RuntimeError("nbconvert broke")
+        return real(nb, dest, **kw)
+
+    monkeypatch.setattr(runner, "export_html", flaky)
+    nbs = [ROOT / "notebooks" / "tour.ipynb", ROOT / "notebooks" / "paired_stats.ipynb"]
+    res = runner.run_notebooks(nbs, out=tmp_path / "out", log=lambda *a: None)
+    by = {r.notebook.split("/")[-1]: r for r in res.notebooks}
+    assert by["tour.ipynb"].status == "error" and "HTML export" in by["tour.ipynb"].error["ename"]
+    assert by["paired_stats.ipynb"].status == "passed" and by["paired_stats.ipynb"].html
+    saved = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert [n["status"] for n in saved["notebooks"]] == ["error", "passed"]
+    assert (tmp_path / "out" / "index.html").exists() and not (tmp_path / "out" / "tour.html").exists()

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from workbench._atomic import atomic_write_json  # noqa: F401 - re-exported
 from workbench.errors import FormatVersionError, IncompleteCaptureError, ManifestError, UnsafePathError
 
 FORMAT_NAME = "workbench-capture"
@@ -150,25 +151,6 @@ def safe_join(root: Path, rel: str, *, what: str) -> Path:
             file=root / MANIFEST, fix="remove the link or copy the shard into the capture",
         )
     return full
-
-
-def atomic_write_json(path: Path, obj: Any) -> None:
-    """Write JSON to ``path`` through a temp file, fsync and rename (readers never see half)."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(obj, f, separators=(",", ":"), allow_nan=False)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    dfd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
 
 
 def _err(msg: str, root: Path, fix: str = "the manifest is damaged; re-capture or restore it") -> ManifestError:
