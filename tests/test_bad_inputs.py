@@ -19,7 +19,6 @@ import contextlib
 import hashlib
 import io
 import json
-import os
 import random
 import struct
 import subprocess
@@ -27,7 +26,6 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 

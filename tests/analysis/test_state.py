@@ -1,6 +1,5 @@
 from pathlib import Path
 
-import pytest
 import torch
 
 from workbench.analysis import chunked_continuation, prefill_decode_handoff, state_drift, state_evolution

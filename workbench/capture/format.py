@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import struct
-import tempfile
 from pathlib import Path
 from typing import Any
 

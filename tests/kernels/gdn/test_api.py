@@ -58,7 +58,7 @@ def test_a_backend_never_runs_another_backends_code_silently(backend, op):
     with pytest.raises(BackendUnavailableError, match=rf"does not implement {op}; backends that do: \['oracle', 'torch'\]"):
         getattr(gdn, op)(*args, backend=backend)
     _FALLBACKS.pop(("gdn", backend, op), None)
-    with pytest.warns(BackendFallbackWarning, match=f"running 'torch'"):
+    with pytest.warns(BackendFallbackWarning, match="running 'torch'"):
         got = getattr(gdn, op)(*args, backend=backend, fallback="torch")
     want = getattr(gdn, op)(*args, backend="torch")
     for a, b in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,)):

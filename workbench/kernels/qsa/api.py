@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from workbench.errors import BackendUnavailableError, KernelArgumentError
+from workbench.errors import KernelArgumentError
 from workbench.kernels.qsa.paged import check_decode_args, unpack_cache
 from workbench.kernels.registry import get_op
 from workbench.numerics.policy import resolve_policy
