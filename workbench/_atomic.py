@@ -8,7 +8,21 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-__all__ = ["atomic_write_json"]
+__all__ = ["atomic_write_json", "fsync_dir"]
+
+
+def fsync_dir(d: Path) -> None:
+    """Make a rename in directory ``d`` durable (best effort where the file system refuses)."""
+    try:
+        fd = os.open(d, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def atomic_write_json(path: Path, obj: Any, *, indent: int | None = None) -> None:
@@ -24,8 +38,4 @@ def atomic_write_json(path: Path, obj: Any, *, indent: int | None = None) -> Non
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    dfd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
+    fsync_dir(path.parent)

@@ -26,7 +26,7 @@ def cmd_inspect(args) -> int:
 
     from workbench.capture import open_capture
 
-    cap = open_capture(args.capture, verify=args.verify)
+    cap = open_capture(args.capture)
     if args.verify:
         cap.verify()
     print(f"capture  {cap.path}")

@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
-from workbench.capture.format import KEY_FIELDS
+from workbench.capture.format import DTYPES, KEY_FIELDS
 from workbench.capture.reader import Capture, open_capture
 from workbench.errors import WorkbenchError
 from workbench.numerics.metrics import FIELDS, compare
@@ -66,7 +66,7 @@ class Rule:
 DEFAULT_RULE = Rule()
 # integer tensors under the default rule: exact (max_ulp of integers is the largest |a - b|)
 EXACT_RULE = Rule(metric="max_ulp", threshold=0.0)
-INTEGER_DTYPES = ("int64", "int32", "int16", "int8", "uint8", "bool")
+INTEGER_DTYPES = tuple(n for n, (t, _, _) in DTYPES.items() if not t.is_floating_point)
 
 
 def _as_rules(rules) -> list[Rule]:

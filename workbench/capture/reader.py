@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Sequence
@@ -190,13 +191,15 @@ class Capture:
         shard = int(row["shard"])
         p = self.shard_path(shard)
         key = {f: row[f] for f in KEY_FIELDS}
-        if not p.exists():
+        try:
+            st = p.stat()
+        except FileNotFoundError:
             raise ShardError("shard file is missing", file=p, key=key,
-                             fix="restore the shard from the source, or re-capture")
-        if not p.is_file():
+                             fix="restore the shard from the source, or re-capture") from None
+        if not stat.S_ISREG(st.st_mode):
             raise ShardError("the shard is not a regular file", file=p, key=key,
                              fix="the manifest names a directory or device; restore the shard or re-capture")
-        size = p.stat().st_size
+        size = st.st_size
         end = int(row["offset"]) + int(row["nbytes"])
         if size < end:
             raise ShardError(f"shard is truncated: {size} bytes, the tensor ends at byte {end}",
@@ -218,7 +221,7 @@ class Capture:
         fields = ("rank", "step", "layer", "op", "name", "seq", "dtype", "shape", "offset", "nbytes")
         return [{c: cols[c][i] for c in fields} for i in groups[shard].tolist()]
 
-    def _check_shard(self, shard: int, p: Path, *, sha: bool) -> None:
+    def _check_shard(self, shard: int, p: Path, *, sha: bool, chunk: int = 8 << 20) -> None:
         """The shard's header agrees with every manifest entry that points into it (raises
         ShardError naming the first disagreement); with ``sha``, its sha256 matches too."""
         meta = self.shards[shard]
@@ -226,7 +229,7 @@ class Capture:
             raise ChecksumError(f"shard size is {p.stat().st_size} bytes, the manifest says {meta['bytes']}",
                                 file=p, fix="the shard was truncated or modified; re-copy it or re-capture")
         if sha:
-            digest = _sha256(p)
+            digest = _sha256(p, chunk)
             if digest != meta["sha256"]:
                 raise ChecksumError(f"shard sha256 {digest[:16]}... differs from the manifest's "
                                     f"{meta['sha256'][:16]}...", file=p,
@@ -306,7 +309,7 @@ class Capture:
                                  fix="restore the shard from the source or re-capture")
             else:
                 try:
-                    self._check_shard(i, p, sha=True)
+                    self._check_shard(i, p, sha=True, chunk=chunk)
                 except ChecksumError as e:
                     status = "sha256 mismatch" if "sha256" in e.message else f"size {p.stat().st_size} != {s['bytes']}"
                     err = e

@@ -19,11 +19,13 @@ from typing import Any
 import numpy as np
 import torch
 
+from workbench._atomic import fsync_dir
 from workbench.capture.format import (
-    DTYPES, FORMAT_NAME, FORMAT_VERSION, INDEX_COLUMNS, KEY_FIELDS, MANIFEST, NUMPY_TO_NAME, TORCH_TO_NAME,
-    atomic_write_json,
+    DTYPES, FORMAT_NAME, FORMAT_VERSION, INDEX_COLUMNS, INT_MAX, KEY_FIELDS, MANIFEST, NUMPY_TO_NAME,
+    TORCH_TO_NAME, atomic_write_json, load_manifest,
 )
-from workbench.errors import CaptureError, CaptureLockedError, DiskFullError, DuplicateKeyError
+from workbench.errors import (CaptureError, CaptureLockedError, DiskFullError, DuplicateKeyError,
+                              IncompleteCaptureError)
 
 __all__ = ["CaptureWriter", "DEFAULT_SHARD_BYTES", "MARKER", "is_workbench_capture"]
 
@@ -33,7 +35,6 @@ _TAG_TYPES = (str, int, float, bool, type(None))
 # that holds it was written by the workbench and may be overwritten; nothing else may
 MARKER = ".workbench-writer"
 _STAGING = ".wb-staging-"
-_INT_MAX = 2**63 - 1
 _OLD = ".wb-old-"
 
 
@@ -60,12 +61,8 @@ def _check_tag(k: str, v, key: dict) -> None:
 def is_workbench_capture(path: Path) -> tuple[bool, str]:
     """(True, "") when ``path`` holds only a workbench capture (a valid manifest and the files it
     lists, or an incomplete capture a CaptureWriter left), else (False, what is there)."""
-    from workbench.capture.format import load_manifest
-    from workbench.errors import IncompleteCaptureError
-
     entries = sorted(p.name for p in path.iterdir())
     shown = ", ".join(entries[:8]) + (f", ... ({len(entries)} entries)" if len(entries) > 8 else "")
-    transient = {MARKER}
     try:
         m = load_manifest(path)
     except IncompleteCaptureError:
@@ -77,7 +74,7 @@ def is_workbench_capture(path: Path) -> tuple[bool, str]:
     else:
         allowed = {MANIFEST} | {Path(sh["path"]).parts[0] for sh in m["shards"]}
     for name in entries:
-        if name in transient or name.endswith(".tmp"):
+        if name == MARKER or name.endswith(".tmp"):
             continue
         if allowed is None and name.endswith(".safetensors") and (path / name).is_file():
             continue
@@ -102,19 +99,6 @@ def _exchange(a: Path, b: Path) -> bool:
     if err in (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP, errno.EPERM):
         return False
     raise OSError(err, os.strerror(err), str(a))
-
-
-def _fsync_dir(d: Path) -> None:
-    try:
-        fd = os.open(d, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def _as_tensor(x: Any, key: dict) -> torch.Tensor:
@@ -144,7 +128,7 @@ def _check_key(rank, step, layer, op, name) -> dict:
     key = dict(rank=rank, step=step, layer=layer, op=op, name=name)
     for f, lo in (("rank", 0), ("step", 0), ("layer", -1)):
         v = key[f]
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo or v > _INT_MAX:
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo or v > INT_MAX:
             raise CaptureError(f"{f} must be an int >= {lo} (and < 2**63), got {v!r}", key=key,
                                fix=f"pass {f}= an integer >= {lo}")
         key[f] = int(v)
@@ -292,7 +276,7 @@ class CaptureWriter:
         else:  # two renames; a crash between them leaves the old capture at .NAME.wb-old-*
             self._abs.rename(old)
             self._dir.rename(self._abs)
-        _fsync_dir(self._abs.parent)
+        fsync_dir(self._abs.parent)
         shutil.rmtree(old, ignore_errors=True)
         self._dir = self.path
 

@@ -130,14 +130,21 @@ def _module_ops(mod: ModuleType | None) -> tuple[str, ...]:
     return tuple(ops)
 
 
+def _import(info: BackendInfo) -> ModuleType | None:
+    """The backend's module (imported once; no availability probe), or None if it cannot import."""
+    try:
+        return importlib.import_module(info.module)
+    except Exception:
+        return None
+
+
 def implemented_ops(family: str, name: str) -> tuple[str, ...]:
     """The ops backend ``name`` of ``family`` implements itself (its module's ``OPS``)."""
     fam = _family(family)
     if name not in fam:
         raise UnknownBackendError(f"unknown {family} backend {name!r}", key="backend",
                                   fix=f"use one of {sorted(fam)}")
-    mod, _, _ = _probe(fam[name])
-    return _module_ops(mod)
+    return _module_ops(_import(fam[name]))
 
 
 _FALLBACKS: dict[tuple[str, str, str], str] = {}
@@ -152,12 +159,9 @@ def get_op(family: str, backend: str, op: str, *, fallback: str | None = None):
     BackendFallbackWarning is issued (once per family, backend and op) and the substitution is
     recorded in :func:`fallbacks`.
     """
-    fam = _family(family)
-    if backend not in fam:
-        get_backend(family, backend)  # the UnknownBackendError listing the names
-    mod, _, _ = _probe(fam[backend])
-    if op in _module_ops(mod):
+    if op in implemented_ops(family, backend):  # UnknownBackendError for a name not registered
         return getattr(get_backend(family, backend), op)  # raises if it cannot run here
+    fam = _family(family)
     who = [n for n in fam if op in implemented_ops(family, n)]
     if fallback is None:
         raise BackendUnavailableError(

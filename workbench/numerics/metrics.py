@@ -565,8 +565,7 @@ def _compare_integers(a: np.ndarray, b: np.ndarray, shape, atol, rtol) -> Compar
     cos = sab / math.sqrt(sa2 * sb2) if sa2 > 0 and sb2 > 0 else (1.0 if sa2 == sb2 else 0.0)
     sqnr = math.inf if sd2 == 0 else (10.0 * math.log10(sa2 / sd2) if sa2 > 0 else -math.inf)
     out = int((ne & (df > atol + rtol * np.abs(af))).sum())
-    nz = df[ne]
-    median = float(np.median(np.concatenate([nz, np.zeros(n - ndiff)]))) if n else 0.0
+    median = float(np.median(df)) if n else 0.0
     return Comparison(
         numel=int(n), shape=tuple(int(v) for v in shape), dtype="int", rel_l2=rel, max_abs=float(dmax),
         max_abs_index=max_idx, mean_abs=float(df.mean()) if n else 0.0, cosine=float(cos), sqnr_db=float(sqnr),
