@@ -37,6 +37,7 @@ __all__ = [
     "PolicyError",
     "GateError",
     "AnalysisError",
+    "GraftError",
 ]
 
 
@@ -179,3 +180,8 @@ class GateError(WorkbenchError, AssertionError):
 class AnalysisError(WorkbenchError, ValueError):
     """An analysis cannot run on the given arguments (no matching tensors, mismatched captures,
     an op without a replay adapter, ...); the message names the argument and the fix."""
+
+
+class GraftError(AnalysisError):
+    """A re-run cannot graft an override (a key the run never produces, a shape it does not
+    have, a tensor the model reads before recording it); the message names the key and the fix."""

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from workbench.analysis import divergence_curves, divergence_heatmap, first_divergence, graft
-from workbench.analysis.divergence import HybridRerun
+from workbench.models.hybrid import HybridRerun
 from workbench.capture import CaptureWriter, open_capture
 from workbench.errors import AnalysisError
 

@@ -1,7 +1,7 @@
 import torch
 
 from workbench.analysis import relocation_invariance, relocation_invariance_captures
-from workbench.analysis.divergence import HybridRerun
+from workbench.models.hybrid import HybridRerun
 
 
 def test_logical_invariant_physical_not():

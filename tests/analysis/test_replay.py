@@ -50,3 +50,45 @@ def test_bundled_replay_gdn_and_merge():
     assert float(ds.err_captured.sel(variant="torch:default").max()) < 1e-5
     m = replay(CAPTURES / "candidate", op="qsa_merge", layer=3, rank=0, max_cases=2)
     assert m.sizes["case"] == 2
+
+
+def test_a_user_registered_adapter_replays_captures_with_other_names(tmp_path):
+    """Replay knows no model's names: an adapter registered for a capture of an lm_head GEMM
+    (names x / weight / logits, as a user's recorder writes them) replays it through gemm."""
+    from workbench.analysis.replay import REGISTRY, OpAdapter, adapters, register_adapter
+    from workbench.kernels import gemm
+
+    g = torch.Generator().manual_seed(3)
+    x, wt = torch.randn(2, 256, generator=g), torch.randn(32, 256, generator=g)
+    w = CaptureWriter(tmp_path / "c", arm="c")
+    for step in range(3):
+        xs = x + step
+        w.add(xs, step=step, layer=-1, op="lm_head", name="x")
+        w.add(wt, step=step, layer=-1, op="lm_head", name="weight")
+        w.add(gemm.splitk_matmul(xs, wt, splits=8, partial_dtype="bf16"), step=step, layer=-1, op="lm_head",
+              name="logits")
+    w.close()
+
+    def load(cap, rank, step, layer):
+        return {n: cap.get(op="lm_head", rank=rank, step=step, layer=layer, name=n) for n in ("x", "weight")}
+
+    def run(inp, backend, policy):
+        return {"logits": gemm.splitk_matmul(inp["x"], inp["weight"], backend=backend, policy=policy)}
+
+    state = REGISTRY.snapshot()
+    try:
+        register_adapter("lm_head_gemm", OpAdapter("lm_head", ("x", "weight"), ("logits",), load, run,
+                                                   knobs={"partial_dtype": ["bf16"]}))
+        assert "lm_head_gemm" in adapters()
+        ds = replay(tmp_path / "c", op="lm_head_gemm", policies=[Policy(splitk=8), Policy(splitk=8, partial_dtype="bf16")])
+        assert ds.sizes["case"] == 3
+        # the bf16-partial variant reproduces the captured logits exactly; fp32 partials beat them vs FP64
+        assert float(ds.err_captured.sel(variant=Policy(splitk=8, partial_dtype="bf16").label()).max()) == 0.0
+        assert int(ds.n_closer.sel(variant=Policy(splitk=8).label())) == 3
+        cf = counterfactuals(tmp_path / "c", op="lm_head_gemm", base=Policy(splitk=8))  # the adapter's knobs
+        assert float(cf.delta.sel(change="partial_dtype=bf16")) > 0
+    finally:
+        REGISTRY.restore(state)
+    with pytest.raises(AnalysisError, match="must be one of") as e:
+        replay(tmp_path / "c", op="lm_head_gemm")
+    assert "register_adapter" in e.value.fix

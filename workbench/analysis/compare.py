@@ -6,7 +6,7 @@ import fnmatch
 import json
 import math
 from dataclasses import asdict, dataclass
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd

@@ -8,19 +8,19 @@ functions only reshape its table into labeled xarray Datasets.
 A *graft* replaces tensors of the candidate run by the control's and re-runs the candidate from
 there. If the first divergent op still diverges when its inputs come from the control, the fault
 starts inside that op; if grafting the op's output makes every later key agree, nothing else
-downstream is at fault. The re-run is any callable ``rerun(overrides) -> Capture``;
-:class:`HybridRerun` is one for the bundled hybrid decoder (``workbench.models.hybrid``).
+downstream is at fault. The re-run is any callable ``rerun(overrides) -> Capture`` (the protocol
+:class:`workbench.capture.recorder.Rerun`): :class:`~workbench.capture.recorder.ModelRerun` runs
+any torch model under the recorder with forward hooks that return the grafted tensors; a model
+with its own capture code implements the protocol itself (the bundled hybrid decoder's is
+``workbench.models.hybrid.HybridRerun``).
 """
 
 from __future__ import annotations
 
 import json
-import tempfile
-from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
-import pandas as pd
 import torch
 import xarray as xr
 
@@ -29,8 +29,7 @@ from workbench.capture.format import KEY_FIELDS
 from workbench.capture.reader import Capture, open_capture
 from workbench.errors import AnalysisError
 
-__all__ = ["divergence_curves", "first_divergence", "divergence_heatmap", "graft", "HybridRerun",
-           "key_of"]
+__all__ = ["divergence_curves", "first_divergence", "divergence_heatmap", "graft", "key_of"]
 
 _COMPARED = ("ok", "diverged", "dtype_mismatch", "nonfinite")
 
@@ -304,73 +303,3 @@ def _graft_dataset(before: ComparisonResult, after: ComparisonResult) -> xr.Data
          "threshold": (("variant", "key"), np.stack([m["threshold"].to_numpy(float), m["threshold_g"].to_numpy(float)])),
          "exceeded": (("variant", "key"), np.stack([m["exceeded"].to_numpy(bool), m["exceeded_g"].to_numpy(bool)]))},
         coords=coords)
-
-
-class HybridRerun:
-    """``rerun(overrides) -> Capture`` for :class:`workbench.models.hybrid.HybridDecoder`.
-
-    Runs ``model.generate(prompt, steps=steps, arm=arm)`` into a fresh capture (every prefill
-    position recorded, so a graft at step 0 replaces whole tensors) through a writer that copies
-    each override into the recorded tensor in place before writing it. The model goes on with
-    that tensor only where it reads it after recording it: the layer inputs and outputs
-    (``<op>/input``, ``<op>/output``, ``mlp/output``, ``layer/output``), ``gdn/core``,
-    ``gdn/state`` and ``qsa/gated``; grafting any other name raises AnalysisError.
-
-    Example
-    -------
-    >>> from workbench.models.hybrid import ArmConfig, HybridConfig, HybridDecoder
-    >>> model = HybridDecoder(HybridConfig(n_layers=4, vocab=64))
-    >>> run = HybridRerun(model, ArmConfig(name="c"), model.prompt(16), steps=1)
-    >>> cap = run({})
-    >>> sorted(cap.index["step"].unique().tolist())
-    [0, 1]
-    """
-
-    LIVE = ("input", "output", "core", "state", "gated")
-
-    def __init__(self, model, arm, prompt: torch.Tensor, *, steps: int = 1, spec=None,
-                 workdir: str | Path | None = None) -> None:
-        from workbench.models.hybrid import RecordSpec
-        self.model, self.arm, self.prompt, self.steps = model, arm, prompt, steps
-        self.spec = spec or RecordSpec(detail_steps=None, prefill_positions=None)
-        self._tmp = None if workdir is not None else tempfile.TemporaryDirectory(prefix="workbench-graft-")
-        self.workdir = Path(workdir) if workdir is not None else Path(self._tmp.name)
-        self.runs = 0
-
-    def __call__(self, overrides: Mapping[tuple, torch.Tensor]) -> Capture:
-        from workbench.capture.writer import CaptureWriter
-        for k in overrides:
-            if len(k) != len(KEY_FIELDS) or k[4] not in self.LIVE:
-                raise AnalysisError(f"cannot graft {k!r} into the hybrid decoder", key="overrides",
-                                    fix=f"graft a tensor named one of {list(self.LIVE)} (the model reads "
-                                        "the others before recording them)")
-        self.runs += 1
-        path = self.workdir / f"run-{self.runs}"
-        w = CaptureWriter(path, arm=self.arm.name, run={"graft": [list(k) for k in overrides]}, overwrite=True)
-        pending = dict(overrides)
-
-        class _Grafting:
-            def add(_self, t, *, rank, step, layer, op, name, **tags):
-                k = (rank, step, layer, op, name)
-                if k in pending:
-                    v = pending.pop(k)
-                    if v.shape != t.shape:
-                        raise AnalysisError(f"override of {k} has shape {tuple(v.shape)}, the model produces "
-                                            f"{tuple(t.shape)}", key="overrides",
-                                            fix="take overrides from a run with the same spec (all prefill positions)")
-                    with torch.no_grad():
-                        t.copy_(v.to(t.dtype))
-                w.add(t, rank=rank, step=step, layer=layer, op=op, name=name, **tags)
-
-        try:
-            self.model.generate(self.prompt, steps=self.steps, arm=self.arm, writer=_Grafting(), spec=self.spec)
-        except BaseException:
-            w.abort()
-            raise
-        w.close()
-        if pending:
-            raise AnalysisError(f"the run never produced {sorted(pending)}", key="overrides",
-                                fix="check the keys against the control capture's index")
-        cap = open_capture(path)
-        cap._workdir = self._tmp  # the temporary directory lives as long as a capture in it
-        return cap

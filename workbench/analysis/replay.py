@@ -1,19 +1,12 @@
 """Same-input replay: run an op's captured inputs through chosen backends and numerics policies,
 and judge every result against the FP64 oracle and against the captured output.
 
-Captured tensor names map to kernel arguments through a small per-op adapter (:data:`ADAPTERS`):
-
-``gdn`` (a decode step of :func:`workbench.kernels.gdn.recurrent`)
-    inputs ``gdn/q, k`` ``[T, H, K]``, ``v`` ``[T, HV, V]``, ``g, beta`` ``[T, HV]`` at the step,
-    initial state ``gdn/state`` ``[HV, K, V]`` of the step before (zeros at step 0), ``qk_l2norm``
-    on (as the bundled model); outputs ``core`` (``[T, HV, V]``) and ``state``. Keys whose inputs
-    are sliced (tag ``positions``) or whose previous state is missing are skipped.
-``qsa_merge`` (split-KV merge and output gate: :func:`merge_states`, :func:`output_gate`)
-    inputs ``qsa/partial_o`` ``[T, HQ, S, D]``, ``partial_lse`` ``[T, HQ, S]``, ``gate``
-    ``[T, HQ, D]``; outputs ``o``, ``lse``, ``gated``.
-``qsa`` (the sparse decode :func:`sparse_decode`)
-    inputs ``qsa/q`` ``[B, HQ, D]``, ``k_cache``, ``v_cache`` ``[pages, page, HKV, D]``,
-    ``block_table`` ``[B, pages]``, ``indices`` ``[B, L]``; outputs ``o``, ``lse``.
+Captured tensor names are the business of whoever wrote the capture, so the map from them to
+kernel arguments is a plugin: an :class:`OpAdapter` registered under a name
+(:func:`register_adapter`, or the ``workbench.replay_adapters`` entry-point group), listed by
+:func:`adapters`. The bundled hybrid decoder registers ``gdn``, ``qsa_merge`` and ``qsa`` for
+the names it writes (``workbench.models.hybrid_replay``); an engine's importer or a user's model
+registers its own. Nothing here knows any model's tensor names.
 
 A *case* is one (rank, step, layer) key of the op. Variants are ``backend x policy``.
 """
@@ -24,16 +17,15 @@ from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
 import numpy as np
-import torch
 import xarray as xr
 
 from workbench.capture.reader import Capture, open_capture
 from workbench.errors import AnalysisError, BackendUnavailableError, KernelArgumentError, PolicyError
-from workbench.kernels import gdn, qsa
 from workbench.numerics.metrics import compare
 from workbench.numerics.policy import Policy, resolve_policy
+from workbench.plugins import Registry
 
-__all__ = ["ADAPTERS", "OpAdapter", "replay", "counterfactuals", "replay_cases"]
+__all__ = ["OpAdapter", "register_adapter", "adapters", "replay", "counterfactuals", "replay_cases", "REGISTRY"]
 
 
 @dataclass(frozen=True)
@@ -42,9 +34,12 @@ class OpAdapter:
 
     Attributes
     ----------
-    op: the capture's op name; names: the captured input names; outputs: the output names
+    op: the capture's op name; names: the captured input names (the first one finds the cases);
+    outputs: the output names (the first is judged by default)
     load: ``load(capture, rank, step, layer) -> dict | None`` of kernel inputs (None: skip case)
-    run: ``run(inputs, backend, policy) -> {output name: tensor}``
+    run: ``run(inputs, backend, policy) -> {output name: tensor}``; backend ``"oracle"`` with an
+        fp64 policy is the reference
+    knobs: the default ``{knob: [values]}`` of :func:`counterfactuals` for this op
     """
 
     op: str
@@ -52,71 +47,39 @@ class OpAdapter:
     outputs: tuple[str, ...]
     load: Callable
     run: Callable
+    knobs: Mapping[str, Sequence] | None = None
 
 
-def _gdn_load(cap: Capture, rank: int, step: int, layer: int):
-    sel = cap.select(op="gdn", rank=rank, layer=layer)
-    idx = sel.index
-    cur = idx[idx["step"] == step]
-    if not set(("q", "k", "v", "g", "beta")) <= set(cur["name"]):
-        return None
-    if any("positions" in (t or {}) for t in cur["tags"]):
-        return None  # a sliced prefill: its initial state is not captured
-    x = {n: sel.get(step=step, name=n)[None].float() for n in ("q", "k", "v", "g", "beta")}
-    prev = idx[(idx["step"] == step - 1) & (idx["name"] == "state")]
-    if step > 0 and not len(prev):
-        return None
-    x["initial_state"] = sel.get(step=step - 1, name="state")[None].float() if step > 0 else None
-    return x
+def _check_adapter(obj) -> str | None:
+    return None if isinstance(obj, OpAdapter) else "not an OpAdapter"
 
 
-def _gdn_run(x, backend, policy):
-    o, s = gdn.recurrent(x["q"], x["k"], x["v"], x["g"], x["beta"], initial_state=x["initial_state"],
-                         qk_l2norm=True, backend=backend, policy=policy)
-    return {"core": o[0], "state": s[0]}
+REGISTRY = Registry("replay adapter", "workbench.replay_adapters", check=_check_adapter, error=AnalysisError)
 
 
-def _merge_load(cap: Capture, rank: int, step: int, layer: int):
-    try:
-        return {n: cap.get(op="qsa", rank=rank, step=step, layer=layer, name=n).float()
-                for n in ("partial_o", "partial_lse", "gate")}
-    except KeyError:
-        return None
+def register_adapter(name: str, adapter: OpAdapter | str, *, replace: bool = True) -> None:
+    """Register ``adapter`` (an :class:`OpAdapter` or a ``"module:attr"`` path) as replay op ``name``.
+
+    Example
+    -------
+    >>> ad = OpAdapter("attn", ("q", "k", "v"), ("output",), load=my_load, run=my_run)   # doctest: +SKIP
+    >>> register_adapter("my_attn", ad)                                                # doctest: +SKIP
+    >>> replay(cap, op="my_attn", backends=("torch",))                                 # doctest: +SKIP
+    """
+    REGISTRY.register(name, adapter, replace=replace)
 
 
-def _merge_run(x, backend, policy):
-    o, lse = qsa.merge_states(x["partial_o"], x["partial_lse"], policy=policy, backend=backend)
-    gate = x["gate"]
-    gated = qsa.output_gate(o.float(), gate, policy=policy, backend=backend) if backend != "oracle" else \
-        o * torch.sigmoid(gate.double())
-    return {"o": o, "lse": lse, "gated": gated}
-
-
-def _qsa_load(cap: Capture, rank: int, step: int, layer: int):
-    try:
-        return {n: cap.get(op="qsa", rank=rank, step=step, layer=layer, name=n)
-                for n in ("q", "k_cache", "v_cache", "block_table", "indices")}
-    except KeyError:
-        return None
-
-
-def _qsa_run(x, backend, policy):
-    o, lse = qsa.sparse_decode(x["q"], (x["k_cache"], x["v_cache"]), x["block_table"].int(), x["indices"].int(),
-                               policy=policy, backend=backend)
-    return {"o": o, "lse": lse}
-
-
-ADAPTERS: dict[str, OpAdapter] = {
-    "gdn": OpAdapter("gdn", ("q", "k", "v", "g", "beta", "state"), ("core", "state"), _gdn_load, _gdn_run),
-    "qsa_merge": OpAdapter("qsa", ("partial_o", "partial_lse", "gate"), ("o", "lse", "gated"), _merge_load, _merge_run),
-    "qsa": OpAdapter("qsa", ("q", "k_cache", "v_cache", "block_table", "indices"), ("o", "lse"), _qsa_load, _qsa_run),
-}
+def adapters() -> list[str]:
+    """The names of the registered replay adapters (those :func:`replay`'s ``op=`` accepts)."""
+    return REGISTRY.names()
 
 
 def _adapter(op: str) -> OpAdapter:
-    if op not in ADAPTERS:
-        raise AnalysisError(f"no replay adapter for op {op!r}", key="op", fix=f"use one of {sorted(ADAPTERS)}")
-    return ADAPTERS[op]
+    if op not in REGISTRY:
+        raise AnalysisError(f"no replay adapter for op {op!r}; must be one of {adapters()}", key="op",
+                            fix=f"use one of {adapters()}, or register_adapter({op!r}, OpAdapter(...)) for the "
+                                "tensor names your capture holds")
+    return REGISTRY.load(op)
 
 
 def replay_cases(capture, *, op: str, **filters) -> list[tuple[int, int, int]]:
@@ -143,7 +106,7 @@ def replay(capture, *, op: str, backends: Sequence[str] = ("torch",), policies: 
     Parameters
     ----------
     capture: the capture (or path) holding the inputs and the captured (control) outputs
-    op: an adapter of :data:`ADAPTERS` ("gdn", "qsa_merge", "qsa")
+    op: a registered replay adapter (:func:`adapters`; the bundled model's: "gdn", "qsa_merge", "qsa")
     backends: kernel backends (one that cannot run here is skipped and listed in attrs)
     policies: Policies or knob dicts, or ``{label: policy}`` (default: the fp32 ``Policy()``)
     output: the output to judge (default the adapter's first: ``core``, ``o``)
@@ -228,8 +191,8 @@ def counterfactuals(capture, *, op: str, base: Policy | dict | None = None,
     Parameters
     ----------
     base: the policy of the run (default ``Policy()``)
-    knobs: ``{knob: [values]}``, e.g. ``{"state_dtype": ["bf16", "fp16"]}`` (default, for gdn:
-        state_dtype bf16, input_dtype bf16; for qsa: prob_dtype fp16, num_kv_splits 4)
+    knobs: ``{knob: [values]}``, e.g. ``{"state_dtype": ["bf16", "fp16"]}`` (default: the
+        adapter's ``knobs``)
     other arguments: as in :func:`replay`
 
     Returns
@@ -246,8 +209,10 @@ def counterfactuals(capture, *, op: str, base: Policy | dict | None = None,
     """
     b = resolve_policy(base) if base is not None else Policy()
     if knobs is None:
-        knobs = ({"state_dtype": ["bf16"], "input_dtype": ["bf16"]} if op == "gdn"
-                 else {"prob_dtype": ["fp16"], "num_kv_splits": [4]})
+        knobs = _adapter(op).knobs
+        if not knobs:
+            raise AnalysisError(f"replay adapter {op!r} names no default knobs", key="knobs",
+                                fix="pass knobs={'state_dtype': ['bf16']} (policy knob -> values)")
     pols = {"base": b}
     meta = [("", "")]
     for k, vals in knobs.items():

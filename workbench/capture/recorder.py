@@ -47,15 +47,15 @@ import os
 import re
 import warnings
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Mapping, Protocol
 
 import torch
 
 from workbench.capture.format import TORCH_TO_NAME
 from workbench.capture.writer import DEFAULT_SHARD_BYTES, CaptureWriter
-from workbench.errors import CaptureBudgetError, CaptureError, DuplicateKeyError
+from workbench.errors import CaptureBudgetError, CaptureError, DuplicateKeyError, GraftError
 
-__all__ = ["record", "Recorder", "split_module_path", "LAYER_CONTAINERS"]
+__all__ = ["record", "Recorder", "Rerun", "ModelRerun", "split_module_path", "LAYER_CONTAINERS"]
 
 LAYER_CONTAINERS = ("layers", "h", "blocks", "layer")
 _UINT = re.compile(r"[0-9]+")
@@ -128,7 +128,7 @@ class Recorder:
 
     def __init__(self, model: torch.nn.Module, writer: CaptureWriter, *, include: Filter, exclude: Filter,
                  max_bytes: int | None, rank: int, mapper, inputs: bool, outputs: bool,
-                 on_budget: str) -> None:
+                 on_budget: str, overrides: Mapping[tuple, torch.Tensor] | None = None) -> None:
         self.model = model
         self.writer = writer
         self.path = writer.path
@@ -151,6 +151,8 @@ class Recorder:
         self._handles: list = []
         self.hooked: list[str] = []
         self.skipped = {"dtype": 0, "budget": 0}
+        self.pending: dict[tuple, torch.Tensor] = dict(overrides or {})
+        self.grafted: list[tuple] = []
 
     # -- public ------------------------------------------------------------------------------
     @property
@@ -217,6 +219,15 @@ class Recorder:
             idx = self._calls.get(key, 0)
             self._calls[key] = idx + 1
             self._stacks.setdefault(id(module), []).append(idx)
+            if self.pending:
+                new_args = tuple(self._graft(a, key, "input" if i == 0 and isinstance(a, torch.Tensor)
+                                             else f"input.{i}", idx) for i, a in enumerate(args))
+                new_kwargs = {k: self._graft(v, key, f"input.{k}", idx) for k, v in kwargs.items()}
+                changed = any(x is not y for x, y in zip(new_args, args)) or \
+                    any(new_kwargs[k] is not kwargs[k] for k in kwargs)
+                args, kwargs = new_args, new_kwargs
+            else:
+                changed = False
             if self._record_inputs and not self.stopped:
                 for i, a in enumerate(args):
                     base = "input" if i == 0 and isinstance(a, torch.Tensor) else f"input.{i}"
@@ -225,7 +236,7 @@ class Recorder:
                 for k, v in kwargs.items():
                     for name, t in _leaves(v, f"input.{k}"):
                         self._add(t, key, name, idx)
-            return None
+            return (args, kwargs) if changed else None
         return pre
 
     def _make_post(self, key, is_root: bool):
@@ -233,6 +244,11 @@ class Recorder:
             if key is not None:
                 stack = self._stacks.get(id(module))
                 idx = stack.pop() if stack else 0
+                if self.pending and output is not None:
+                    grafted = self._graft(output, key, "output", idx)
+                    replaced, output = grafted is not output, grafted
+                else:
+                    replaced = False
                 if self._record_outputs and not self.stopped and output is not None:
                     for name, t in _leaves(output, "output"):
                         self._add(t, key, name, idx)
@@ -242,8 +258,43 @@ class Recorder:
                     self.step += 1
                     self._calls.clear()
                     self._raise_if_over_budget()
-            return None
+            return output if key is not None and replaced else None
         return post
+
+    def _graft(self, obj: Any, key: tuple[int, str], prefix: str, idx: int, depth: int = 0) -> Any:
+        """``obj`` with each tensor leaf whose key is in :attr:`pending` replaced by its override
+        (the same object when nothing is replaced)."""
+        if isinstance(obj, torch.Tensor):
+            name = f"{prefix}#{idx}" if idx else prefix
+            k = (self.rank, self.step, key[0], key[1], name)
+            if k not in self.pending:
+                return obj
+            v = self.pending.pop(k)
+            if tuple(v.shape) != tuple(obj.shape):
+                raise GraftError(f"override of {k} has shape {tuple(v.shape)}, the model produces "
+                                 f"{tuple(obj.shape)}", key="overrides",
+                                 fix="take overrides from a run of the same model on the same input")
+            self.grafted.append(k)
+            return v.detach().to(device=obj.device, dtype=obj.dtype).clone()
+        if depth >= _MAX_DEPTH:
+            return obj
+        if isinstance(obj, dict):
+            new = {kk: self._graft(v, key, f"{prefix}.{kk}", idx, depth + 1) for kk, v in obj.items()}
+            if all(new[kk] is obj[kk] for kk in obj):
+                return obj
+            try:
+                out = type(obj)(**new) if type(obj) is not dict else new  # ModelOutput and friends
+            except Exception:
+                out = dict(new)
+            return out
+        if isinstance(obj, (tuple, list)):
+            new = [self._graft(v, key, f"{prefix}.{i}", idx, depth + 1) for i, v in enumerate(obj)]
+            if all(a is b for a, b in zip(new, obj)):
+                return obj
+            if isinstance(obj, list):
+                return new
+            return type(obj)(*new) if hasattr(obj, "_fields") else type(obj)(new)
+        return obj
 
     def _add(self, t: torch.Tensor, key: tuple[int, str], name: str, idx: int) -> None:
         if self.stopped:
@@ -318,7 +369,8 @@ def record(model: torch.nn.Module, path: str | os.PathLike, *, arm: str, include
            exclude: Filter = None, max_bytes: int | None = None, rank: int = 0, run: dict | None = None,
            mapper: Callable[[str, torch.nn.Module], tuple[int, str] | None] | None = None,
            inputs: bool = True, outputs: bool = True, on_budget: str = "raise",
-           shard_bytes: int = DEFAULT_SHARD_BYTES, overwrite: bool = False) -> Iterator[Recorder]:
+           shard_bytes: int = DEFAULT_SHARD_BYTES, overwrite: bool = False,
+           overrides: Mapping[tuple, torch.Tensor] | None = None) -> Iterator[Recorder]:
     """Record the inputs and outputs of a model's modules into a capture at ``path``.
 
     Parameters
@@ -338,6 +390,11 @@ def record(model: torch.nn.Module, path: str | os.PathLike, *, arm: str, include
     inputs, outputs: record call arguments / results
     on_budget: "raise" (default) or "warn" when the byte cap is reached
     shard_bytes, overwrite: passed to CaptureWriter
+    overrides: ``{(rank, step, layer, op, name): tensor}``: a graft. When the hooked module of
+        that key is called, the named input (forward pre-hook) or output (forward hook) is
+        replaced by the given tensor, which the model then goes on with and which is what is
+        recorded; an override whose key is never produced, or of another shape, is a GraftError
+        (:class:`ModelRerun` wraps this as the ``rerun(overrides) -> Capture`` protocol)
 
     Yields
     ------
@@ -362,8 +419,10 @@ def record(model: torch.nn.Module, path: str | os.PathLike, *, arm: str, include
         raise CaptureError(f"mapper must be callable, got {type(mapper).__name__}", key="mapper",
                            fix="pass mapper=lambda path, module: (layer, op)")
     writer = CaptureWriter(path, arm=arm, run=run, shard_bytes=shard_bytes, overwrite=overwrite)
+    if overrides:
+        writer.run = {**writer.run, "graft": [list(k) for k in overrides]}
     rec = Recorder(model, writer, include=include, exclude=exclude, max_bytes=max_bytes, rank=rank,
-                   mapper=mapper, inputs=inputs, outputs=outputs, on_budget=on_budget)
+                   mapper=mapper, inputs=inputs, outputs=outputs, on_budget=on_budget, overrides=overrides)
     try:
         rec._attach()
         yield rec
@@ -377,7 +436,70 @@ def record(model: torch.nn.Module, path: str | os.PathLike, *, arm: str, include
         raise
     else:
         rec._detach()
+        if rec.pending:
+            writer.abort()
+            raise GraftError(f"the run never produced {sorted(rec.pending)} (grafted: {rec.grafted})",
+                             key="overrides", fix="check the keys against the control capture's index "
+                                                  "(the name, and the step the model reaches)")
         rec._commit()
         rec._raise_if_over_budget()  # the cap was hit outside any root forward
     finally:
         rec._detach()
+
+
+class Rerun(Protocol):
+    """The re-run protocol of grafts (:func:`workbench.analysis.divergence.graft`): run the
+    candidate arm again, replacing each tensor whose key ``(rank, step, layer, op, name)`` is in
+    ``overrides`` by the given value at the moment it is produced, and return the capture of that
+    run (``rerun({})``: no graft)."""
+
+    def __call__(self, overrides: Mapping[tuple, torch.Tensor]): ...
+
+
+class ModelRerun:
+    """``rerun(overrides) -> Capture`` for any torch model: ``run(model)`` under :func:`record`
+    with ``overrides`` grafted in by forward hooks, each run into a fresh capture.
+
+    Parameters
+    ----------
+    model: the torch module (as for :func:`record`)
+    run: ``run(model)`` drives it (e.g. ``lambda m: m.generate(ids, max_new_tokens=2)``); it must
+        do the same thing each call
+    arm: the arm name of the captures; workdir: where they go (default a temporary directory that
+        lives as long as the returned captures)
+    record_options: passed to :func:`record` (include=, exclude=, mapper=, rank=, ...)
+
+    Example
+    -------
+    >>> rerun = ModelRerun(model, lambda m: m(ids), arm="candidate", include="model.layers.*")   # doctest: +SKIP
+    >>> ds = graft(rerun, control_capture, replace="input")                                     # doctest: +SKIP
+    """
+
+    def __init__(self, model: torch.nn.Module, run: Callable[[torch.nn.Module], Any], *, arm: str = "rerun",
+                 workdir: str | os.PathLike | None = None, **record_options: Any) -> None:
+        import tempfile
+        bad = sorted(set(record_options) & {"path", "overrides", "overwrite"})
+        if bad:
+            raise CaptureError(f"ModelRerun sets {bad} itself", key=bad[0], fix=f"drop {bad[0]}=")
+        if not callable(run):
+            raise CaptureError(f"run must be callable(model), got {type(run).__name__}", key="run",
+                               fix="pass run=lambda m: m(input_ids)")
+        self.model, self.run, self.arm, self.options = model, run, arm, record_options
+        self._tmp = None if workdir is not None else tempfile.TemporaryDirectory(prefix="workbench-graft-")
+        self.workdir = Path(workdir) if workdir is not None else Path(self._tmp.name)
+        self.runs = 0
+
+    def __call__(self, overrides: Mapping[tuple, torch.Tensor]):
+        from workbench.capture.reader import open_capture
+        for k in overrides:
+            if not (isinstance(k, tuple) and len(k) == 5):
+                raise GraftError(f"an override key is (rank, step, layer, op, name), got {k!r}", key="overrides",
+                                 fix="take keys from the control capture's index")
+        self.runs += 1
+        path = self.workdir / f"run-{self.runs}"
+        with torch.no_grad(), record(self.model, path, arm=self.arm, overrides=overrides, overwrite=True,
+                                     **self.options):
+            self.run(self.model)
+        cap = open_capture(path)
+        cap._workdir = self._tmp  # the temporary directory lives as long as a capture in it
+        return cap

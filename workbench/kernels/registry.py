@@ -8,7 +8,8 @@ import numba or build native code.
 
 Third parties add backends through the ``workbench.kernels`` entry-point group, with entries named
 ``<family>.<backend>`` pointing at a module; one that fails to import is listed as unavailable with
-the import error as its reason (it never breaks the workbench).
+the import error as its reason (it never breaks the workbench). The mechanism is the one of
+importers and replay adapters: :class:`workbench.plugins.Registry`.
 
 A backend module declares the ops it implements itself in ``OPS`` (a tuple of op names; without
 it, every public op it defines). Asking a backend for an op it does not implement is a
@@ -23,15 +24,15 @@ import importlib
 import threading
 import warnings
 from dataclasses import dataclass
-from importlib.metadata import entry_points
 from types import ModuleType
 
 import pandas as pd
 
 from workbench.errors import BackendUnavailableError, UnknownBackendError
+from workbench.plugins import Registry
 
 __all__ = ["register_backend", "get_backend", "get_op", "implemented_ops", "backends", "fallbacks",
-           "BackendInfo", "BackendFallbackWarning"]
+           "BackendInfo", "BackendFallbackWarning", "REGISTRY"]
 
 
 class BackendFallbackWarning(UserWarning):
@@ -47,59 +48,48 @@ class BackendInfo:
     description: str
 
 
-_REGISTRY: dict[str, dict[str, BackendInfo]] = {}
-_ENTRY_POINTS_LOADED = False
+# one registry of every family's backends, named "<family>.<backend>" (the entry-point names)
+REGISTRY = Registry("kernel backend", "workbench.kernels", error=UnknownBackendError,
+                    name_ok=lambda n: isinstance(n, str) and n.count(".") == 1 and all(n.split(".")))
 
 
 def register_backend(
     family: str, name: str, module: str, *, install_hint: str = "", description: str = ""
 ) -> None:
     """Register ``module`` (a dotted path) as backend ``name`` of ``family``."""
-    _REGISTRY.setdefault(family, {})[name] = BackendInfo(family, name, module, install_hint, description)
-
-
-def _load_entry_points() -> None:
-    global _ENTRY_POINTS_LOADED
-    if _ENTRY_POINTS_LOADED:
-        return
-    _ENTRY_POINTS_LOADED = True
-    for ep in entry_points(group="workbench.kernels"):
-        family, _, name = ep.name.partition(".")
-        if not name:
-            warnings.warn(
-                f"ignoring workbench.kernels entry point {ep.name!r}: its name must be "
-                "'<family>.<backend>'", stacklevel=2,
-            )
-            continue
-        register_backend(family, name, ep.value, description=f"entry point {ep.name}")
+    REGISTRY.register(f"{family}.{name}", module, source="builtin", install_hint=install_hint,
+                      description=description)
 
 
 def _family(family: str) -> dict[str, BackendInfo]:
-    _load_entry_points()
-    if family not in _REGISTRY:
+    def members():
+        out = {}
+        for key in REGISTRY.names():
+            fam, _, name = key.partition(".")
+            if fam == family:
+                e = REGISTRY.entry(key)
+                out[name] = BackendInfo(fam, name, str(e.target), e.meta.get("install_hint", ""),
+                                        e.meta.get("description", f"{e.source}"))
+        return out
+
+    fam = members()
+    if not fam:
         # the family's package registers its backends on import
         try:
             importlib.import_module(f"workbench.kernels.{family}")
         except ModuleNotFoundError:
             pass
-    if family not in _REGISTRY:
+        fam = members()
+    if not fam:
         raise UnknownBackendError(
             f"unknown kernel family {family!r}", key="family",
-            fix=f"use one of {sorted(_REGISTRY)}",
+            fix=f"use one of {sorted({k.partition('.')[0] for k in REGISTRY.names()})}",
         )
-    return _REGISTRY[family]
+    return fam
 
 
 def _probe(info: BackendInfo) -> tuple[ModuleType | None, bool, str]:
-    try:
-        mod = importlib.import_module(info.module)
-    except Exception as e:  # a broken optional backend must not break the rest
-        return None, False, f"cannot import {info.module}: {type(e).__name__}: {e}"
-    try:
-        ok, reason = mod.is_available()
-    except Exception as e:
-        return mod, False, f"{info.module}.is_available() failed: {type(e).__name__}: {e}"
-    return mod, bool(ok), str(reason)
+    return REGISTRY.availability(f"{info.family}.{info.name}")
 
 
 def get_backend(family: str, name: str) -> ModuleType:
@@ -107,7 +97,7 @@ def get_backend(family: str, name: str) -> ModuleType:
     fam = _family(family)
     if name not in fam:
         raise UnknownBackendError(
-            f"unknown {family} backend {name!r}", key="backend",
+            f"unknown {family} backend {name!r}; must be one of {sorted(fam)}", key="backend",
             fix=f"use one of {sorted(fam)}; workbench.kernels.backends({family!r}) lists them",
         )
     info = fam[name]
@@ -133,8 +123,8 @@ def _module_ops(mod: ModuleType | None) -> tuple[str, ...]:
 def _import(info: BackendInfo) -> ModuleType | None:
     """The backend's module (imported once; no availability probe), or None if it cannot import."""
     try:
-        return importlib.import_module(info.module)
-    except Exception:
+        return REGISTRY.load(f"{info.family}.{info.name}")
+    except UnknownBackendError:
         return None
 
 

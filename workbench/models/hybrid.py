@@ -30,17 +30,18 @@ Example
 from __future__ import annotations
 
 import dataclasses
-import math
+import tempfile
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import Any, Mapping
 
 import torch
 
-from workbench.errors import WorkbenchError
+from workbench.errors import GraftError, WorkbenchError
 from workbench.kernels import gdn, gemm, qsa, sampling
 from workbench.numerics.policy import Policy
 
-__all__ = ["HybridConfig", "ArmConfig", "Override", "RecordSpec", "HybridDecoder", "FAMILIES"]
+__all__ = ["HybridConfig", "ArmConfig", "Override", "RecordSpec", "HybridDecoder", "HybridRerun", "FAMILIES"]
 
 FAMILIES = ("gdn", "qsa", "proj", "lm_head")
 # the GDN helper ops (gates, conv, gated norm) and the QSA indexer and output gate exist in the torch
@@ -503,3 +504,74 @@ class HybridDecoder:
 def _torch_dtype(name: str) -> torch.dtype:
     from workbench.numerics.dtypes import torch_dtype
     return torch_dtype(name)
+
+
+class HybridRerun:
+    """``rerun(overrides) -> Capture`` for :class:`workbench.models.hybrid.HybridDecoder`.
+
+    Runs ``model.generate(prompt, steps=steps, arm=arm)`` into a fresh capture (every prefill
+    position recorded, so a graft at step 0 replaces whole tensors) through a writer that copies
+    each override into the recorded tensor in place before writing it. The model goes on with
+    that tensor only where it reads it after recording it: the layer inputs and outputs
+    (``<op>/input``, ``<op>/output``, ``mlp/output``, ``layer/output``), ``gdn/core``,
+    ``gdn/state`` and ``qsa/gated``; grafting any other name raises GraftError.
+
+    Example
+    -------
+    >>> from workbench.models.hybrid import ArmConfig, HybridConfig, HybridDecoder
+    >>> model = HybridDecoder(HybridConfig(n_layers=4, vocab=64))
+    >>> run = HybridRerun(model, ArmConfig(name="c"), model.prompt(16), steps=1)
+    >>> cap = run({})
+    >>> sorted(cap.index["step"].unique().tolist())
+    [0, 1]
+    """
+
+    LIVE = ("input", "output", "core", "state", "gated")
+
+    def __init__(self, model, arm, prompt: torch.Tensor, *, steps: int = 1, spec=None,
+                 workdir: str | Path | None = None) -> None:
+        self.model, self.arm, self.prompt, self.steps = model, arm, prompt, steps
+        self.spec = spec or RecordSpec(detail_steps=None, prefill_positions=None)
+        self._tmp = None if workdir is not None else tempfile.TemporaryDirectory(prefix="workbench-graft-")
+        self.workdir = Path(workdir) if workdir is not None else Path(self._tmp.name)
+        self.runs = 0
+
+    def __call__(self, overrides: Mapping[tuple, torch.Tensor]):
+        from workbench.capture.format import KEY_FIELDS
+        from workbench.capture.reader import open_capture
+        from workbench.capture.writer import CaptureWriter
+        for k in overrides:
+            if len(k) != len(KEY_FIELDS) or k[4] not in self.LIVE:
+                raise GraftError(f"cannot graft {k!r} into the hybrid decoder", key="overrides",
+                                 fix=f"graft a tensor named one of {list(self.LIVE)} (the model reads "
+                                         "the others before recording them)")
+        self.runs += 1
+        path = self.workdir / f"run-{self.runs}"
+        w = CaptureWriter(path, arm=self.arm.name, run={"graft": [list(k) for k in overrides]}, overwrite=True)
+        pending = dict(overrides)
+
+        class _Grafting:
+            def add(_self, t, *, rank, step, layer, op, name, **tags):
+                k = (rank, step, layer, op, name)
+                if k in pending:
+                    v = pending.pop(k)
+                    if v.shape != t.shape:
+                        raise GraftError(f"override of {k} has shape {tuple(v.shape)}, the model produces "
+                                         f"{tuple(t.shape)}", key="overrides",
+                                         fix="take overrides from a run with the same spec (all prefill positions)")
+                    with torch.no_grad():
+                        t.copy_(v.to(t.dtype))
+                w.add(t, rank=rank, step=step, layer=layer, op=op, name=name, **tags)
+
+        try:
+            self.model.generate(self.prompt, steps=self.steps, arm=self.arm, writer=_Grafting(), spec=self.spec)
+        except BaseException:
+            w.abort()
+            raise
+        w.close()
+        if pending:
+            raise GraftError(f"the run never produced {sorted(pending)}", key="overrides",
+                             fix="check the keys against the control capture's index")
+        cap = open_capture(path)
+        cap._workdir = self._tmp  # the temporary directory lives as long as a capture in it
+        return cap

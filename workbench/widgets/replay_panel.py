@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from workbench.analysis.replay import ADAPTERS, replay
+from workbench.analysis.replay import replay
 from workbench.numerics.policy import Policy
 from workbench.plots.replay import replay_figure
 from workbench.widgets._figure import LiveFigure

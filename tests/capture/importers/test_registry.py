@@ -11,6 +11,7 @@ import torch
 
 import workbench
 from workbench.capture import importers as imp
+from workbench import plugins
 from workbench.capture.importers import base
 from workbench.capture.writer import CaptureWriter
 from workbench.errors import ImporterError
@@ -36,10 +37,11 @@ class Unavailable(imp.Importer):
 
 
 @pytest.fixture
-def registry(monkeypatch):
-    monkeypatch.setattr(base, "_registry", dict(base._registry))
-    monkeypatch.setattr(base, "_entry_points_loaded", False)
-    return base._registry
+def registry():
+    state = base.REGISTRY.snapshot()
+    base.REGISTRY.restore(state, reload_entry_points=True)
+    yield base.REGISTRY
+    base.REGISTRY.restore(state)
 
 
 def test_builtins_listed_and_available(registry):
@@ -87,7 +89,7 @@ def test_entry_point_plugins_load_and_broken_ones_warn(registry, monkeypatch, tm
         metadata.EntryPoint("notaclass", "os:getcwd", base.ENTRY_POINT_GROUP),
         metadata.EntryPoint("sglang", "elsewhere:Other", base.ENTRY_POINT_GROUP),
     ]
-    monkeypatch.setattr(base.metadata, "entry_points", lambda group: [e for e in eps if e.group == group])
+    monkeypatch.setattr(plugins.metadata, "entry_points", lambda group: [e for e in eps if e.group == group])
     with pytest.warns(imp.ImporterWarning) as rec:
         infos = {i.name: i for i in imp.importers()}
     msgs = " ".join(str(w.message) for w in rec)

@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import os
-import warnings
 from dataclasses import dataclass
-from importlib import metadata
 from pathlib import Path
 from typing import Any, ClassVar
 
 from workbench.errors import ImporterError
+from workbench.plugins import PluginWarning, Registry
 
-__all__ = ["Importer", "ImporterInfo", "ImporterWarning", "ENTRY_POINT_GROUP", "register_importer",
+__all__ = ["Importer", "ImporterInfo", "ImporterWarning", "ENTRY_POINT_GROUP", "REGISTRY", "register_importer",
            "importers", "get_importer", "import_capture"]
 
 ENTRY_POINT_GROUP = "workbench.importers"
@@ -25,7 +23,7 @@ _BUILTIN = {
 }
 
 
-class ImporterWarning(UserWarning):
+class ImporterWarning(PluginWarning):
     """An importer plugin could not be loaded (the message says why)."""
 
 
@@ -72,65 +70,24 @@ class ImporterInfo:
     source: str  # "builtin", "registered" or "entry point <module:attr>"
 
 
-# name -> (target, source); a target is a class or a "module:attr" string loaded on first use
-_registry: dict[str, tuple[Any, str]] = {n: (t, "builtin") for n, t in _BUILTIN.items()}
-_entry_points_loaded = False
+def _check_importer(obj) -> str | None:
+    return None if isinstance(obj, type) and issubclass(obj, Importer) else "not an Importer subclass"
+
+
+def _importer_available(cls) -> tuple[bool, str]:
+    ok, reason = cls.is_available()
+    return bool(ok), str(reason)
+
+
+REGISTRY = Registry("importer", ENTRY_POINT_GROUP, check=_check_importer, verify=_importer_available,
+                    error=ImporterError, warning=ImporterWarning, name_ok=lambda n: isinstance(n, str) and n.isidentifier())
+for _n, _t in _BUILTIN.items():
+    REGISTRY.register(_n, _t, source="builtin")
 
 
 def register_importer(name: str, cls: type[Importer] | str, *, replace: bool = False) -> None:
     """Register an importer class (or a ``"module:Class"`` path) under ``name``."""
-    if not isinstance(name, str) or not name.isidentifier():
-        raise ImporterError(f"importer name must be an identifier, got {name!r}", key=name,
-                            fix="use a short name such as 'myengine'")
-    if not isinstance(cls, str) and not (isinstance(cls, type) and issubclass(cls, Importer)):
-        raise ImporterError(f"importer {name!r} must be an Importer subclass or 'module:Class', got {cls!r}",
-                            key=name, fix="subclass workbench.capture.importers.Importer")
-    if name in _registry and not replace and _registry[name][0] is not cls:
-        raise ImporterError(f"an importer named {name!r} is already registered ({_registry[name][1]})",
-                            key=name, fix="choose another name or pass replace=True")
-    _registry[name] = (cls, "registered")
-
-
-def _load_entry_points() -> None:
-    global _entry_points_loaded
-    if _entry_points_loaded:
-        return
-    _entry_points_loaded = True
-    try:
-        eps = metadata.entry_points(group=ENTRY_POINT_GROUP)
-    except Exception as e:  # a broken distribution's metadata must not break the workbench
-        warnings.warn(f"could not list {ENTRY_POINT_GROUP!r} entry points: {type(e).__name__}: {e}",
-                      ImporterWarning, stacklevel=3)
-        return
-    for ep in eps:
-        current = _registry.get(ep.name)
-        if current is not None:
-            if current[0] != ep.value and not (isinstance(current[0], type)
-                                               and f"{current[0].__module__}:{current[0].__qualname__}" == ep.value):
-                warnings.warn(f"importer entry point {ep.name!r} = {ep.value!r} is ignored: the name is already "
-                              f"taken by {current[1]} importer {current[0]!r}", ImporterWarning, stacklevel=3)
-            continue
-        _registry[ep.name] = (ep.value, f"entry point {ep.value}")
-
-
-def _resolve(name: str) -> type[Importer]:
-    """Load the class registered as ``name``; raises ImporterError saying why it cannot load."""
-    target, source = _registry[name]
-    if isinstance(target, str):
-        mod, _, attr = target.partition(":")
-        try:
-            obj = importlib.import_module(mod)
-            for part in attr.split("."):
-                obj = getattr(obj, part)
-        except Exception as e:
-            raise ImporterError(f"importer {name!r} ({source}) failed to load: {type(e).__name__}: {e}",
-                                key=name, fix="install the plugin's dependencies or uninstall the plugin") from e
-        if not (isinstance(obj, type) and issubclass(obj, Importer)):
-            raise ImporterError(f"importer {name!r} ({source}) is {obj!r}, not an Importer subclass", key=name,
-                                fix="the plugin's entry point must name a workbench Importer subclass")
-        _registry[name] = (obj, source)
-        return obj
-    return target
+    REGISTRY.register(name, cls, replace=replace)
 
 
 def importers() -> list[ImporterInfo]:
@@ -138,37 +95,14 @@ def importers() -> list[ImporterInfo]:
 
     An importer that fails to load is listed as unavailable, with the reason, and a warning.
     """
-    _load_entry_points()
-    out = []
-    for name in sorted(_registry):
-        source = _registry[name][1]
-        try:
-            cls = _resolve(name)
-        except ImporterError as e:
-            warnings.warn(e.message, ImporterWarning, stacklevel=2)
-            out.append(ImporterInfo(name, "", False, e.message, source))
-            continue
-        try:
-            ok, reason = cls.is_available()
-        except Exception as e:
-            ok, reason = False, f"is_available() raised {type(e).__name__}: {e}"
-        out.append(ImporterInfo(name, cls.description, bool(ok), reason, source))
-    return out
+    return [ImporterInfo(r["name"], getattr(r["obj"], "description", "") if r["obj"] is not None else "",
+                         r["available"], r["reason"], r["source"])
+            for r in sorted(REGISTRY.rows(warn=True), key=lambda r: r["name"])]
 
 
 def get_importer(kind: str) -> Importer:
     """An instance of the importer registered as ``kind``."""
-    _load_entry_points()
-    if kind not in _registry:
-        raise ImporterError(f"unknown importer {kind!r}; valid kinds are {', '.join(sorted(_registry))}",
-                            key=kind, fix=f"use one of {sorted(_registry)}, or register a plugin in the "
-                                          f"{ENTRY_POINT_GROUP!r} entry-point group")
-    cls = _resolve(kind)
-    ok, reason = cls.is_available()
-    if not ok:
-        raise ImporterError(f"importer {kind!r} cannot run here: {reason}", key=kind,
-                            fix="install what the reason names")
-    return cls()
+    return REGISTRY.get(kind, fix="install what the reason names")()
 
 
 def import_capture(kind: str, src: str | os.PathLike, dst: str | os.PathLike, **options: Any):

@@ -1,0 +1,95 @@
+"""Grafts on a model the workbench knows nothing about: a tiny random Hugging Face Llama driven
+through the recorder's ModelRerun (forward hooks return the grafted tensors)."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+import torch
+
+from workbench.analysis import graft
+from workbench.capture.recorder import ModelRerun, record
+from workbench.capture import open_capture
+from workbench.errors import GraftError, IncompleteCaptureError
+
+transformers = pytest.importorskip("transformers")
+
+IDS = torch.tensor([[3, 14, 15, 9, 26, 5]])
+
+
+@pytest.fixture(scope="module")
+def llama_pair():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=4,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    torch.manual_seed(0)
+    control = LlamaForCausalLM(cfg).eval()
+    candidate = copy.deepcopy(control)
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():  # the "kernel change": layer 2's down projection is 1% off
+        w = candidate.model.layers[2].mlp.down_proj.weight
+        w.mul_(1 + 0.01 * torch.randn(w.shape, generator=g))
+    return control, candidate
+
+
+def _run(m):
+    return m(IDS)
+
+
+OPTS = dict(include=["model.layers.*"], exclude=["*rotary_emb*"])
+
+
+def test_graft_finds_the_op_at_fault_and_clears_downstream(llama_pair, tmp_path):
+    control, candidate = llama_pair
+    ctl = ModelRerun(control, _run, arm="control", **OPTS)({})
+    rerun = ModelRerun(candidate, _run, arm="candidate", **OPTS)
+    ds = graft(rerun, ctl, replace="input")  # at the first divergence, found from the tensors
+    assert (ds.attrs["at_layer"], ds.attrs["at_op"]) == (2, "mlp.down_proj")
+    assert ds.attrs["op_agrees"] == 0 and "starts in this op" in ds.attrs["verdict"]
+    # with the control's MLP output, nothing after layer 2's MLP diverges
+    out = graft(rerun, ctl, at=dict(rank=0, step=0, layer=2, op="mlp"), replace="output")
+    assert out.attrs["downstream_agrees"] == 1, out.attrs["verdict"]
+    # what still diverges in the grafted run is inside the MLP, before its grafted output
+    assert json.loads(out.attrs["first_after_key"]) == [0, 0, 2, "mlp.down_proj", "output"]
+    assert "layer=2 op=mlp.down_proj" in out.attrs["first_before"]
+    assert rerun.runs == 4  # each graft: rerun({}) for the un-grafted candidate, then the grafted run
+    assert out.variant.values.tolist() == ["candidate", "grafted"]
+
+
+def test_graft_of_an_input_changes_what_the_model_computes(llama_pair, tmp_path):
+    control, _ = llama_pair
+    with torch.no_grad(), record(control, tmp_path / "base", arm="a", **OPTS):
+        control(IDS)
+    base = open_capture(tmp_path / "base")
+    x = base.get(step=0, layer=1, op="mlp", name="input")
+    key = (0, 0, 1, "mlp", "input")
+    with torch.no_grad(), record(control, tmp_path / "g", arm="a", overrides={key: torch.zeros_like(x)}, **OPTS):
+        control(IDS)
+    g = open_capture(tmp_path / "g")
+    assert torch.equal(g.get(step=0, layer=1, op="mlp", name="input"), torch.zeros_like(x))
+    assert not torch.equal(g.get(step=0, layer=1, op="mlp", name="output"),
+                           base.get(step=0, layer=1, op="mlp", name="output"))
+    assert torch.equal(g.get(step=0, layer=0, op="layer", name="output"),
+                       base.get(step=0, layer=0, op="layer", name="output"))  # upstream untouched
+    assert g.run["graft"] == [list(key)]
+
+
+def test_bad_overrides_are_typed_errors_and_leave_no_finished_capture(llama_pair, tmp_path):
+    control, _ = llama_pair
+    with pytest.raises(GraftError, match="never produced"):
+        with torch.no_grad(), record(control, tmp_path / "a", arm="a",
+                                     overrides={(0, 5, 1, "mlp", "input"): torch.zeros(1)}, **OPTS):
+            control(IDS)
+    with pytest.raises(IncompleteCaptureError):  # no manifest: never mistaken for a finished run
+        open_capture(tmp_path / "a")
+    with pytest.raises(GraftError, match="shape"):
+        with torch.no_grad(), record(control, tmp_path / "b", arm="a",
+                                     overrides={(0, 0, 1, "mlp", "input"): torch.zeros(3)}, **OPTS):
+            control(IDS)
+    with pytest.raises(IncompleteCaptureError):
+        open_capture(tmp_path / "b")
+    with pytest.raises(GraftError, match="rank, step, layer, op, name"):
+        ModelRerun(control, _run)({("mlp", "input"): torch.zeros(1)})

@@ -1,0 +1,86 @@
+"""Replay adapters for the tensor names the bundled hybrid decoder writes
+(:mod:`workbench.models.hybrid`), registered through the ``workbench.replay_adapters`` entry
+points (pyproject.toml) under ``gdn``, ``qsa_merge`` and ``qsa``.
+
+``gdn`` (a decode step of :func:`workbench.kernels.gdn.recurrent`)
+    inputs ``gdn/q, k`` ``[T, H, K]``, ``v`` ``[T, HV, V]``, ``g, beta`` ``[T, HV]`` at the step,
+    initial state ``gdn/state`` ``[HV, K, V]`` of the step before (zeros at step 0), ``qk_l2norm``
+    on (as the model); outputs ``core`` (``[T, HV, V]``) and ``state``. Keys whose inputs are
+    sliced (tag ``positions``) or whose previous state is missing are skipped.
+``qsa_merge`` (split-KV merge and output gate: :func:`merge_states`, :func:`output_gate`)
+    inputs ``qsa/partial_o`` ``[T, HQ, S, D]``, ``partial_lse`` ``[T, HQ, S]``, ``gate``
+    ``[T, HQ, D]``; outputs ``o``, ``lse``, ``gated``.
+``qsa`` (the sparse decode :func:`sparse_decode`)
+    inputs ``qsa/q`` ``[B, HQ, D]``, ``k_cache``, ``v_cache`` ``[pages, page, HKV, D]``,
+    ``block_table`` ``[B, pages]``, ``indices`` ``[B, L]``; outputs ``o``, ``lse``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from workbench.analysis.replay import OpAdapter
+from workbench.capture.reader import Capture
+from workbench.kernels import gdn, qsa
+
+__all__ = ["GDN", "QSA_MERGE", "QSA"]
+
+
+def _gdn_load(cap: Capture, rank: int, step: int, layer: int):
+    sel = cap.select(op="gdn", rank=rank, layer=layer)
+    idx = sel.index
+    cur = idx[idx["step"] == step]
+    if not set(("q", "k", "v", "g", "beta")) <= set(cur["name"]):
+        return None
+    if any("positions" in (t or {}) for t in cur["tags"]):
+        return None  # a sliced prefill: its initial state is not captured
+    x = {n: sel.get(step=step, name=n)[None].float() for n in ("q", "k", "v", "g", "beta")}
+    prev = idx[(idx["step"] == step - 1) & (idx["name"] == "state")]
+    if step > 0 and not len(prev):
+        return None
+    x["initial_state"] = sel.get(step=step - 1, name="state")[None].float() if step > 0 else None
+    return x
+
+
+def _gdn_run(x, backend, policy):
+    o, s = gdn.recurrent(x["q"], x["k"], x["v"], x["g"], x["beta"], initial_state=x["initial_state"],
+                         qk_l2norm=True, backend=backend, policy=policy)
+    return {"core": o[0], "state": s[0]}
+
+
+def _merge_load(cap: Capture, rank: int, step: int, layer: int):
+    try:
+        return {n: cap.get(op="qsa", rank=rank, step=step, layer=layer, name=n).float()
+                for n in ("partial_o", "partial_lse", "gate")}
+    except KeyError:
+        return None
+
+
+def _merge_run(x, backend, policy):
+    o, lse = qsa.merge_states(x["partial_o"], x["partial_lse"], policy=policy, backend=backend)
+    gate = x["gate"]
+    gated = qsa.output_gate(o.float(), gate, policy=policy, backend=backend) if backend != "oracle" else \
+        o * torch.sigmoid(gate.double())
+    return {"o": o, "lse": lse, "gated": gated}
+
+
+def _qsa_load(cap: Capture, rank: int, step: int, layer: int):
+    try:
+        return {n: cap.get(op="qsa", rank=rank, step=step, layer=layer, name=n)
+                for n in ("q", "k_cache", "v_cache", "block_table", "indices")}
+    except KeyError:
+        return None
+
+
+def _qsa_run(x, backend, policy):
+    o, lse = qsa.sparse_decode(x["q"], (x["k_cache"], x["v_cache"]), x["block_table"].int(), x["indices"].int(),
+                               policy=policy, backend=backend)
+    return {"o": o, "lse": lse}
+
+
+GDN = OpAdapter("gdn", ("q", "k", "v", "g", "beta", "state"), ("core", "state"), _gdn_load, _gdn_run,
+                knobs={"state_dtype": ["bf16"], "input_dtype": ["bf16"]})
+QSA_MERGE = OpAdapter("qsa", ("partial_o", "partial_lse", "gate"), ("o", "lse", "gated"), _merge_load, _merge_run,
+                      knobs={"prob_dtype": ["fp16"], "num_kv_splits": [4]})
+QSA = OpAdapter("qsa", ("q", "k_cache", "v_cache", "block_table", "indices"), ("o", "lse"), _qsa_load, _qsa_run,
+                knobs={"prob_dtype": ["fp16"], "num_kv_splits": [4]})
