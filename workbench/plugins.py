@@ -16,10 +16,11 @@ Example
 >>> reg.register("hello", "string:capwords")
 >>> reg.load("hello")("a b")
 'A B'
->>> reg.load("bye")
-Traceback (most recent call last):
-...
-workbench.errors.WorkbenchError: unknown greeter 'bye'; must be one of ['hello'] (key: bye) (fix: use one of ['hello'])
+>>> try:
+...     reg.load("bye")
+... except WorkbenchError as e:
+...     print(e.message)
+unknown greeter 'bye'; must be one of ['hello']
 """
 
 from __future__ import annotations
