@@ -138,7 +138,7 @@ def explore(figure, **controls):
 
     Example
     -------
-    >>> wb.explore(lambda metric: layer_curves(res, metric=metric), metric=["rel_l2", "max_abs"])  # doctest: +SKIP
+    >>> wb.explore(lambda metric: divergence_curves_figure(ds.div.curves(metric=metric)), metric=["rel_l2", "max_abs"])  # doctest: +SKIP
     """
     import ipywidgets as W
     from IPython.display import display

@@ -3,7 +3,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from workbench.analysis import divergence_curves, divergence_heatmap, first_divergence, graft
+from workbench.analysis import compare_captures, graft
 from workbench.models.hybrid import HybridRerun
 from workbench.capture import CaptureWriter, open_capture
 from workbench.errors import AnalysisError
@@ -38,18 +38,41 @@ def arms(tmp_path_factory):
 
 def test_curves_and_first(arms):
     ctl, rep, cand = arms
-    ds = divergence_curves(ctl, cand, aa=rep)
+    fd = compare_captures(ctl, cand, aa=rep).to_xarray()
+    ds = fd.div.curves()
     assert ds.error.dims == ("op", "layer")
     assert float(ds.error.sel(op="mix", layer=0)) < float(ds.threshold.sel(op="mix", layer=0))
     assert bool(ds.exceeded.sel(op="mix", layer=1))
-    fd = first_divergence(ctl, cand, aa=rep)
     assert (fd.attrs["first_layer"], fd.attrs["first_name"], fd.attrs["first_step"]) == (1, "output", 0)
     assert fd.div.first()["layer"] == 1
-    assert fd.div.curve(op="mix").sizes["layer"] == 3
-    hm = divergence_heatmap(ctl, cand, aa=rep)
+    assert fd.div.curves(op="mix").sizes["layer"] == 3
+    assert ds.attrs["first_layer"] == 1 and ds.attrs["metric"] == "rel_l2"  # curves keep the comparison's attrs
+    hm = fd.div.heatmap()
     assert hm.error.dims == ("layer", "step") and hm.error.shape == (3, 3)
     with pytest.raises(AnalysisError, match="metric"):
-        divergence_curves(ctl, cand, metric="nope")
+        fd.div.curves(metric="nope")
+    with pytest.raises(AnalysisError, match="no compared keys"):
+        fd.div.curves(op="qsa")
+
+
+def test_curves_reduce_exactly_what_the_table_holds(arms):
+    """The reductions against the table they come from: max and mean over steps, the layer
+    argument, any key beyond its threshold, key counts; keys around the first divergence."""
+    ctl, rep, cand = arms
+    res = compare_captures(ctl, cand, aa=rep)
+    t = res.table[res.table["name"] == "output"]
+    ds = res.to_xarray()
+    for reduce in ("max", "mean"):
+        c = ds.div.curves(metric="max_abs", by="layer", reduce=reduce)
+        want = t.groupby("layer")["max_abs"].agg(reduce)
+        assert c.error.to_series().to_dict() == pytest.approx(want.to_dict(), rel=0, abs=0)
+        assert c.n_keys.to_series().tolist() == [3, 3, 3]
+    by_step = ds.div.curves(by=("layer", "step"), name=None, layer=1)
+    assert by_step.exceeded.sel(layer=1).values.tolist() == [True, True, True]
+    assert by_step.n_keys.sel(layer=1).values.tolist() == [2, 2, 2]  # input and output
+    near = ds.div.around(before=2, after=1)
+    pos = int(res.table.index.get_loc(res.first_divergence().name))
+    assert near.seq.values.tolist() == res.table["seq"].iloc[pos - 2: pos + 2].tolist()
 
 
 def test_graft_with_generic_rerun(arms, tmp_path):
@@ -101,7 +124,7 @@ def test_graft_hybrid_model():
 def test_bundled_planted_first_divergence():
     cand = open_capture(CAPTURES / "candidate")
     want = cand.run["expect"]["first_divergence"]
-    ds = first_divergence(CAPTURES / "control", cand, aa=CAPTURES / "control-repeat", step=want["step"])
+    ds = compare_captures(CAPTURES / "control", cand, aa=CAPTURES / "control-repeat", step=want["step"]).to_xarray()
     got = {f: ds.attrs[f"first_{f}"] for f in ("rank", "step", "layer", "op", "name")}
     assert got == want
     assert ds.div.first()["layer"] == want["layer"]

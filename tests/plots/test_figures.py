@@ -1,3 +1,4 @@
+import numpy as np
 import plotly.graph_objects as go
 import pytest
 import torch
@@ -56,3 +57,42 @@ def test_interval_figure(kind):
     fig = interval_figure(ds)
     assert isinstance(fig, go.Figure) and len(fig.data) == 1
     assert ds.attrs["ci_method"] in fig.layout.title.text
+
+
+def _div_captures(tmp_path):
+    from workbench.capture import CaptureWriter
+    x = torch.linspace(-1, 1, 16)
+    for arm, fault in (("control", 0.0), ("candidate", 1e-2)):
+        with CaptureWriter(tmp_path / arm, arm=arm) as w:
+            for step in range(2):
+                for layer in range(3):
+                    for op in ("attn", "mlp"):
+                        y = x * (layer + 1) + step
+                        if op == "mlp" and layer >= 1:
+                            y = y + fault  # layer 0 stays bit-identical in every op
+                        w.add(y, step=step, layer=layer, op=op, name="output")
+    from workbench.analysis import compare_captures
+    return compare_captures(tmp_path / "control", tmp_path / "candidate").to_xarray()
+
+
+def test_divergence_figures_draw_the_accessor_datasets(tmp_path):
+    from workbench.errors import WorkbenchError
+    from workbench.plots import divergence_curves_figure, divergence_heatmap_figure
+
+    ds = _div_captures(tmp_path)
+    curves = ds.div.curves()
+    fig = divergence_curves_figure(curves)
+    lines = {t.name: t for t in fig.data}
+    assert set(lines) == {"attn/output", "mlp/output"}
+    mlp = lines["mlp/output"]
+    err = curves.error.sel(op="mlp").values
+    assert list(mlp.x) == [0, 1, 2] and mlp.y[1] == err[1] and mlp.y[2] == err[2]
+    assert mlp.customdata[0] == "0 (bit-identical)" and 0 < mlp.y[0] < err[1:].min()  # drawn below, said on hover
+    assert list(mlp.marker.symbol) == ["circle", "x", "x"]  # crosses where a key is beyond its threshold
+    assert any(s.line.dash == "dash" for s in fig.layout.shapes)  # the first divergence (layer 1)
+    hm = divergence_heatmap_figure(ds.div.heatmap(op="mlp"))
+    z = hm.data[0].z
+    assert z.shape == (3, 2) and all(map(lambda v: v != v, z[0]))  # log10 of 0: blank
+    assert z[1, 0] == pytest.approx(float(np.log10(ds.div.heatmap(op="mlp").error.sel(layer=1, step=0))))
+    with pytest.raises(WorkbenchError, match="div.curves"):
+        divergence_curves_figure(ds)  # the key Dataset is not a curve: the error names the call

@@ -1,23 +1,40 @@
-"""``ds.div``: the divergence questions as methods of an xarray Dataset (registered on import of
-``workbench.analysis``).
+"""``ds.div``: "where do the runs part?" as methods of the Dataset of a comparison (registered on
+import of ``workbench.analysis``).
 
-Works on the Dataset of :func:`~workbench.analysis.divergence.first_divergence` or
-:meth:`ComparisonResult.to_xarray` (dim ``key`` with coords rank, step, layer, op, name, seq).
+This is the one path for those questions::
+
+    compare_captures(control, candidate, aa=repeat)   # ComparisonResult: one row per key
+        .to_xarray()                                 # Dataset along dim "key"
+        .div.first() / .curves() / .heatmap() / .around()
+
+The Dataset is :meth:`ComparisonResult.to_xarray`'s: dim ``key`` in causal order, coords rank,
+step, layer, op, name, seq, every metric as a variable, and the first divergence in attrs
+(``first_found``, ``first_layer``, ...). The figures of :mod:`workbench.plots.divergence` draw
+what these methods return and compute nothing themselves.
 
 Example
 -------
->>> ds = first_divergence("captures/control", "captures/candidate", aa="captures/control-repeat")  # doctest: +SKIP
+>>> ds = compare_captures("captures/control", "captures/candidate",
+...                       aa="captures/control-repeat").to_xarray()   # doctest: +SKIP
 >>> ds.div.first()                       # {'rank': 0, 'step': 0, 'layer': 3, 'op': 'qsa', ...}   # doctest: +SKIP
->>> ds.div.curve(op="qsa", name="output")   # error per layer                                    # doctest: +SKIP
+>>> ds.div.curves(op="qsa").error        # error per (op, layer), reduced over steps and ranks   # doctest: +SKIP
 """
 
 from __future__ import annotations
 
+import json
+
+import numpy as np
 import xarray as xr
 
+from workbench.capture.format import KEY_FIELDS
 from workbench.errors import AnalysisError
 
-__all__ = ["DivergenceAccessor"]
+__all__ = ["DivergenceAccessor", "COMPARED"]
+
+# statuses of keys whose metrics were computed (both arms hold the key with one shape)
+COMPARED = ("ok", "diverged", "dtype_mismatch", "nonfinite")
+_METRICS = ("rel_l2", "max_abs", "mean_abs", "max_ulp", "median_ulp", "frac_outside", "value")
 
 
 @xr.register_dataset_accessor("div")
@@ -28,9 +45,10 @@ class DivergenceAccessor:
     def _keyed(self) -> xr.Dataset:
         if "key" not in self._ds.dims or "exceeded" not in self._ds:
             raise AnalysisError("ds.div needs a Dataset along dim 'key' with 'exceeded' (a comparison)",
-                                key="ds", fix="use first_divergence(...) or compare_captures(...).to_xarray()")
+                                key="ds", fix="use compare_captures(...).to_xarray()")
         return self._ds
 
+    # -- the first divergence -----------------------------------------------------------------
     def first(self) -> dict | None:
         """The first key beyond its threshold in causal order, as a dict (None: no divergence)."""
         ds = self._keyed()
@@ -38,32 +56,96 @@ class DivergenceAccessor:
         if not len(hit):
             return None
         row = ds.isel(key=int(hit[0]))
-        return {f: row[f].item() for f in ("rank", "step", "layer", "op", "name", "seq", "value", "threshold")
+        return {f: row[f].item() for f in (*KEY_FIELDS, "seq", "status", "metric", "value", "threshold", "aa")
                 if f in row.variables}
 
-    def curve(self, *, op: str | None = None, name: str | None = "output", var: str = "value",
-              dim: str = "layer", reduce: str = "max") -> xr.DataArray:
-        """``var`` (default the rule metric) along ``dim``, reduced (max/mean) over the other keys."""
+    def around(self, before: int = 4, after: int = 8) -> xr.Dataset:
+        """The keys from ``before`` keys ahead of the first divergence to ``after`` keys past it
+        (the first ``before + after + 1`` keys when nothing diverges)."""
         ds = self._keyed()
-        m = (ds[dim] >= 0) if dim == "layer" else (ds[dim] == ds[dim])
-        if op is not None:
-            m = m & (ds.op == op)
-        if name is not None:
-            m = m & (ds.name == name)
-        sub = ds[var].where(m, drop=True)
-        if not sub.size:
-            raise AnalysisError(f"no keys with op={op!r} name={name!r}", key="op",
-                                fix=f"use op among {sorted(set(ds.op.values.tolist()))}")
-        g = sub.groupby(sub[dim])
-        return g.max() if reduce == "max" else g.mean()
+        hit = ds.exceeded.to_numpy().nonzero()[0]
+        at = int(hit[0]) if len(hit) else 0
+        lo = max(0, at - before) if len(hit) else 0
+        return ds.isel(key=slice(lo, at + after + 1 if len(hit) else before + after + 1))
 
-    def heatmap(self, *, op: str | None = None, name: str | None = "output", var: str = "value") -> xr.DataArray:
-        """``var`` over (layer, step), maximum over ranks."""
+    # -- reductions -----------------------------------------------------------------------------
+    def _select(self, name: str | None, where: dict) -> xr.Dataset:
         ds = self._keyed()
-        m = ds.layer >= 0
-        if op is not None:
-            m = m & (ds.op == op)
+        m = np.isin(ds.status.to_numpy(), COMPARED) if "status" in ds else np.ones(ds.sizes["key"], bool)
+        bad = [k for k in where if k not in KEY_FIELDS]
+        if bad:
+            raise AnalysisError(f"filters must be key fields {list(KEY_FIELDS)}, got {bad}", key=bad[0],
+                                fix="filter with rank=, step=, layer=, op= or name=")
         if name is not None:
-            m = m & (ds.name == name)
-        sub = ds[[var]].where(m, drop=True).to_dataframe()
-        return sub.groupby(["layer", "step"])[var].max().to_xarray()
+            where = {**where, "name": name}
+        for k, v in where.items():
+            vals = ds[k].to_numpy()
+            m &= np.isin(vals, list(v)) if isinstance(v, (list, tuple, set)) else (vals == v)
+        if not m.any():
+            have = {f: sorted(set(ds[f].to_numpy().tolist()))[:12] for f in where}
+            raise AnalysisError(f"no compared keys with {where}", key=next(iter(where), "ds"),
+                                fix=f"the Dataset holds {have}")
+        return ds.isel(key=np.flatnonzero(m))
+
+    def curves(self, *, metric: str = "rel_l2", by=("op", "layer"), name: str | None = "output",
+               reduce: str = "max", **where) -> xr.Dataset:
+        """A metric per value of the key fields ``by``, reduced over the others.
+
+        Parameters
+        ----------
+        metric: a metric variable (rel_l2, max_abs, mean_abs, max_ulp, median_ulp, frac_outside,
+            or ``value``: each key's rule metric)
+        by: key fields that become dims (any of rank, step, layer, op, name); with ``layer`` in
+            ``by``, keys without a layer (-1: lm_head, embeddings) are left out
+        name: keep only this tensor name (None: all; add "name" to ``by`` to keep them apart)
+        reduce: "max" or "mean" over the other key fields
+        where: key-field filters (``op="qsa"``, ``step=[1, 2]``)
+
+        Returns
+        -------
+        Dataset with dims ``by``: ``error`` (the metric), ``aa`` (the A/A noise of each key's
+        rule metric: comparable to ``error`` where attrs ``rule_metrics`` is ``[metric]``),
+        ``threshold``, ``exceeded`` (any key beyond its threshold), ``n_keys``; NaN where no key
+        exists. attrs: those of the comparison (first divergence, paths) plus metric, reduce, by,
+        ``reduced`` (the key fields reduced over), name, where.
+        """
+        if metric not in _METRICS:
+            raise AnalysisError(f"unknown metric {metric!r}", key="metric", fix=f"use one of {list(_METRICS)}")
+        by = [by] if isinstance(by, str) else list(by)
+        bad = [b for b in by if b not in KEY_FIELDS]
+        if bad or not by or len(set(by)) != len(by):
+            raise AnalysisError(f"by must be distinct key fields among {list(KEY_FIELDS)}, got {by}", key="by",
+                                fix="pass by=('op', 'layer') or by=('layer', 'step')")
+        if reduce not in ("max", "mean"):
+            raise AnalysisError(f"reduce must be 'max' or 'mean', got {reduce!r}", key="reduce",
+                                fix="pass reduce='max'")
+        sub = self._select(name, where)
+        if "layer" in by:
+            keep = sub.layer.to_numpy() >= 0
+            if not keep.any():
+                raise AnalysisError("no compared keys with a layer (all are layer -1)", key="by",
+                                    fix="drop 'layer' from by, e.g. by=('op', 'step')")
+            sub = sub.isel(key=np.flatnonzero(keep))
+        df = sub[[metric, "aa", "threshold", "exceeded", "metric"]].to_dataframe()
+        g = df.assign(error=df[metric].astype(float)).groupby(by, sort=True)
+        d = g.agg(error=("error", reduce), aa=("aa", "max"), threshold=("threshold", "max"),
+                  exceeded=("exceeded", "any"), n_keys=("error", "size"))
+        out = xr.Dataset.from_dataframe(d)
+        out["exceeded"] = out.exceeded.fillna(False).astype(bool)
+        out["n_keys"] = out.n_keys.fillna(0).astype(int)
+        out["error"].attrs.update(long_name=metric, reduce=reduce)
+        out["aa"].attrs["long_name"] = "A/A noise (control vs its repeat) of each key's rule metric"
+        out.attrs.update(self._ds.attrs)
+        reduced = [f for f in KEY_FIELDS if f not in by and f not in where and not (f == "name" and name)]
+        out.attrs.update(analysis="curves", metric=metric, reduce=reduce, by=json.dumps(by), reduced=json.dumps(reduced),
+                         name=name or "all", where=json.dumps({k: v for k, v in where.items()}, default=str),
+                         rule_metrics=json.dumps(sorted(set(df["metric"].astype(str)))))
+        return out
+
+    def heatmap(self, *, metric: str = "rel_l2", name: str | None = "output", reduce: str = "max",
+                **where) -> xr.Dataset:
+        """``metric`` over (layer, step), reduced over ranks (and ops, unless ``op=`` picks one):
+        :meth:`curves` with ``by=("layer", "step")``."""
+        out = self.curves(metric=metric, by=("layer", "step"), name=name, reduce=reduce, **where)
+        out.attrs.update(analysis="heatmap", op=str(where.get("op", "all")))
+        return out

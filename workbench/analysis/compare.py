@@ -157,7 +157,12 @@ class ComparisonResult:
         return {k: int(v) for k, v in self.table["status"].value_counts().items()}
 
     def to_xarray(self) -> xr.Dataset:
-        """The table as an xarray Dataset along dim ``key`` with the key fields as coordinates."""
+        """The table as an xarray Dataset along dim ``key`` (causal order) with the key fields
+        and seq as coordinates, every metric as a variable, and the first divergence in attrs
+        (``first_found`` 0/1, ``first_rank``, ``first_step``, ``first_layer``, ``first_op``,
+        ``first_name``, ``first_seq``, ``first_value``, ``first_threshold``, ``first_metric``,
+        ``first_status``; ``first_divergence``: one sentence). Its questions are methods of
+        ``ds.div`` (:class:`~workbench.analysis.accessors.DivergenceAccessor`)."""
         t = self.table.reset_index(drop=True)
         coords = {f: ("key", t[f].to_numpy()) for f in (*KEY_FIELDS, "seq")}
         data = {c: ("key", t[c].to_numpy()) for c in t.columns
@@ -166,8 +171,19 @@ class ComparisonResult:
         ds.attrs.update(control=self.control_path, candidate=self.candidate_path,
                         aa=self.aa_path or "", control_arm=self.control_arm,
                         candidate_arm=self.candidate_arm,
-                        rules=json.dumps([asdict(r) for r in self.rules]))
+                        rules=json.dumps([asdict(r) for r in self.rules]),
+                        first_divergence=self.describe_first(), **self._first_attrs())
         return ds
+
+    def _first_attrs(self) -> dict[str, Any]:
+        fd = self.first_divergence()
+        if fd is None:
+            return {"first_found": 0}
+        return {"first_found": 1, **{f"first_{f}": (int(fd[f]) if f in ("rank", "step", "layer") else str(fd[f]))
+                                     for f in KEY_FIELDS},
+                "first_seq": int(fd["seq"]), "first_value": float(fd["value"]),
+                "first_threshold": float(fd["threshold"]), "first_metric": str(fd["metric"]),
+                "first_status": str(fd["status"])}
 
     def to_dict(self) -> dict[str, Any]:
         fd = self.first_divergence()

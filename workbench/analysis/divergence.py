@@ -1,9 +1,8 @@
-"""Where do two runs part? Error curves with the A/A noise band, the first divergence in causal
-order, a layer x step heatmap, and grafts that prove where a fault starts.
+"""Grafts: prove where a fault starts.
 
-Everything here is built on :func:`~workbench.analysis.compare.compare_captures` (one row per
-tensor key, the metrics of :func:`workbench.compare`, per-key A/A noise and thresholds); these
-functions only reshape its table into labeled xarray Datasets.
+Where two runs part (the first divergence, error curves, the layer x step heatmap, the keys
+around the first divergence) is asked of the comparison itself:
+``compare_captures(...).to_xarray().div.<question>()`` (:mod:`workbench.analysis.accessors`).
 
 A *graft* replaces tensors of the candidate run by the control's and re-runs the candidate from
 there. If the first divergent op still diverges when its inputs come from the control, the fault
@@ -18,7 +17,7 @@ with its own capture code implements the protocol itself (the bundled hybrid dec
 from __future__ import annotations
 
 import json
-from typing import Any, Callable, Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -29,164 +28,7 @@ from workbench.capture.format import KEY_FIELDS
 from workbench.capture.reader import Capture, open_capture
 from workbench.errors import AnalysisError
 
-__all__ = ["divergence_curves", "first_divergence", "divergence_heatmap", "graft", "key_of"]
-
-_COMPARED = ("ok", "diverged", "dtype_mismatch", "nonfinite")
-
-
-def _result(control, candidate, aa, rules, filters) -> ComparisonResult:
-    if isinstance(control, ComparisonResult):
-        if candidate is not None or filters:
-            raise AnalysisError("candidate and filters are not used when control is a ComparisonResult",
-                                key="candidate", fix="pass compare_captures(...) alone, or two captures")
-        return control
-    if candidate is None:
-        raise AnalysisError("candidate is missing", key="candidate",
-                            fix="pass divergence_curves(control, candidate, aa=control_repeat)")
-    return compare_captures(control, candidate, aa=aa, rules=rules, **filters)
-
-
-def _first_attrs(res: ComparisonResult) -> dict[str, Any]:
-    fd = res.first_divergence()
-    if fd is None:
-        return {"first_found": 0}
-    return {"first_found": 1, **{f"first_{f}": (int(fd[f]) if f in ("rank", "step", "layer") else str(fd[f]))
-                                 for f in KEY_FIELDS},
-            "first_seq": int(fd["seq"]), "first_value": float(fd["value"]),
-            "first_threshold": float(fd["threshold"]), "first_metric": str(fd["metric"]),
-            "first_status": str(fd["status"])}
-
-
-def _attrs(res: ComparisonResult, **extra) -> dict[str, Any]:
-    return {"control": res.control_path, "candidate": res.candidate_path, "aa": res.aa_path or "",
-            "control_arm": res.control_arm, "candidate_arm": res.candidate_arm,
-            "first_divergence": res.describe_first(), **_first_attrs(res), **extra}
-
-
-def divergence_curves(control, candidate=None, *, aa=None, rules=None, metric: str = "rel_l2",
-                      by: Sequence[str] = ("op", "layer"), name: str | None = "output",
-                      reduce: str = "max", **filters) -> xr.Dataset:
-    """Error between two captures per layer (and per op, step, rank), with the A/A noise band.
-
-    Parameters
-    ----------
-    control, candidate: captures or paths, or ``control`` a :class:`ComparisonResult` (then
-        ``candidate`` is None)
-    aa: an A/A repeat of the control: the per-key noise (``aa``) and thresholds
-    rules: threshold rules, as in :func:`compare_captures`
-    metric: a metric column (rel_l2, max_abs, mean_abs, max_ulp, median_ulp, frac_outside)
-    by: key fields that become dims, any of rank, step, layer, op, name; the rest are reduced
-    name: keep only this tensor name (None: all; then add "name" to ``by`` to keep them apart)
-    reduce: "max" or "mean" over the reduced key fields
-    filters: restrict both captures as :meth:`Capture.select` does
-
-    Returns
-    -------
-    xarray.Dataset with dims ``by``: ``error`` (the metric), ``aa`` (A/A noise, meaningful where
-    the rule's metric is ``metric``), ``threshold``, ``exceeded`` (any key beyond its threshold),
-    ``n_keys``; NaN where no key exists. attrs: metric, reduce, the first divergence
-    (``first_layer``, ``first_op``, ...; ``first_found`` 0/1) and the capture paths.
-
-    Example
-    -------
-    >>> ds = divergence_curves("captures/control", "captures/candidate",
-    ...                        aa="captures/control-repeat")                  # doctest: +SKIP
-    >>> ds.error.sel(op="qsa").to_series()                                   # doctest: +SKIP
-    """
-    res = _result(control, candidate, aa, rules, filters)
-    t = res.table[res.table["status"].isin(_COMPARED)]
-    if metric not in t.columns:
-        raise AnalysisError(f"unknown metric {metric!r}", key="metric",
-                            fix="use one of rel_l2, max_abs, mean_abs, max_ulp, median_ulp, frac_outside")
-    by = list(by)
-    bad = [b for b in by if b not in KEY_FIELDS]
-    if bad or not by:
-        raise AnalysisError(f"by must be a non-empty subset of {list(KEY_FIELDS)}, got {by}", key="by",
-                            fix="pass by=('op', 'layer') or by=('layer', 'step')")
-    if reduce not in ("max", "mean"):
-        raise AnalysisError(f"reduce must be 'max' or 'mean', got {reduce!r}", key="reduce", fix="pass reduce='max'")
-    if name is not None:
-        t = t[t["name"] == name]
-    if not len(t):
-        raise AnalysisError(f"no compared keys with name={name!r}", key="name",
-                            fix=f"use one of {sorted(res.table['name'].unique())} or name=None")
-    g = t.assign(error=t[metric].astype(float)).groupby(by, sort=True)
-    d = g.agg(error=("error", reduce), aa=("aa", "max"), threshold=("threshold", "max"),
-              exceeded=("exceeded", "any"), n_keys=("seq", "size"))
-    ds = xr.Dataset.from_dataframe(d)
-    ds["exceeded"] = ds.exceeded.fillna(False).astype(bool)
-    ds["n_keys"] = ds.n_keys.fillna(0).astype(int)
-    ds["error"].attrs.update(long_name=metric, reduce=reduce)
-    ds["aa"].attrs["long_name"] = "A/A noise (control vs its repeat) of each key's rule metric"
-    ds.attrs.update(_attrs(res, analysis="divergence_curves", metric=metric, reduce=reduce,
-                           name=name or "all", by=json.dumps(by),
-                           rule_metrics=json.dumps(sorted(t["metric"].unique().tolist()))))
-    return ds
-
-
-def first_divergence(control, candidate=None, *, aa=None, rules=None, context: int | None = None,
-                     **filters) -> xr.Dataset:
-    """The keys in causal (seq) order with their error, threshold and A/A noise; the first key
-    beyond its threshold in attrs.
-
-    Parameters
-    ----------
-    control, candidate, aa, rules, filters: as in :func:`divergence_curves`
-    context: keep only this many keys before and after the first divergence (None: all)
-
-    Returns
-    -------
-    xarray.Dataset along dim ``key`` (causal order) with coords rank, step, layer, op, name, seq;
-    vars ``value`` (the rule metric), ``threshold``, ``aa``, ``exceeded``, ``status``,
-    ``rel_l2``, ``max_abs``, ``max_ulp``. attrs ``first_found`` (0/1), ``first_rank``,
-    ``first_step``, ``first_layer``, ``first_op``, ``first_name``, ``first_seq``,
-    ``first_value``, ``first_threshold`` and ``first_divergence`` (one sentence).
-
-    Example
-    -------
-    >>> ds = first_divergence("captures/control", "captures/candidate", aa="captures/control-repeat")  # doctest: +SKIP
-    >>> ds.attrs["first_layer"], ds.attrs["first_op"], ds.attrs["first_name"]               # doctest: +SKIP
-    (3, 'qsa', 'partial_o')
-    """
-    res = _result(control, candidate, aa, rules, filters)
-    ds = res.to_xarray()
-    keep = [v for v in ("value", "threshold", "aa", "exceeded", "status", "metric", "rel_l2", "max_abs", "max_ulp")
-            if v in ds]
-    ds = ds[keep]
-    first = res.first_divergence()
-    if context is not None and first is not None:
-        pos = int(np.flatnonzero(res.table.index == first.name)[0])
-        ds = ds.isel(key=slice(max(0, pos - context), pos + context + 1))
-    ds.attrs.update(_attrs(res, analysis="first_divergence", order="causal (seq of the control)"))
-    return ds
-
-
-def divergence_heatmap(control, candidate=None, *, aa=None, rules=None, metric: str = "rel_l2",
-                       op: str | None = None, name: str | None = "output", rank: int | None = None,
-                       reduce: str = "max", **filters) -> xr.Dataset:
-    """A metric over (layer, step): :func:`divergence_curves` with ``by=("layer", "step")``.
-
-    ``op``/``rank`` keep one op / rank (None: the maximum over all). Layer -1 (no layer) is dropped.
-
-    Example
-    -------
-    >>> hm = divergence_heatmap("captures/control", "captures/candidate-bf16-state", op="gdn",
-    ...                         name="state")                                  # doctest: +SKIP
-    >>> hm.error.dims
-    ('layer', 'step')
-    """
-    if op is not None:
-        filters["op"] = op
-    if rank is not None:
-        filters["rank"] = rank
-    ds = divergence_curves(control, candidate, aa=aa, rules=rules, metric=metric, by=("layer", "step"),
-                           name=name, reduce=reduce, **filters)
-    ds = ds.sel(layer=ds.layer >= 0)
-    ds.attrs.update(analysis="divergence_heatmap", op=op or "all", rank="all" if rank is None else rank)
-    return ds
-
-
-# -- grafts ------------------------------------------------------------------------------------
+__all__ = ["graft", "key_of"]
 
 def key_of(row) -> tuple:
     """(rank, step, layer, op, name) of a table row, a dict or a tuple."""

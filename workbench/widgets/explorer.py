@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from workbench.analysis.compare import METRICS, compare_captures
-from workbench.analysis.divergence import divergence_curves
+from workbench.errors import WorkbenchError
 from workbench.plots.divergence import divergence_curves_figure
 from workbench.widgets._figure import LiveFigure
 
@@ -27,6 +27,7 @@ class CaptureExplorer:
         import ipywidgets as w
 
         self.result = compare_captures(control, candidate, aa=aa, rules=rules, **filters)
+        self.ds = self.result.to_xarray()
         t = self.result.table
         t = t[t["seq"] >= 0]
 
@@ -67,23 +68,13 @@ class CaptureExplorer:
         metric = self.controls["metric"].value
         msgs = [self.result.describe_first()]
         for fig, dim in ((self.by_layer, "layer"), (self.by_step, "step")):
-            sub = self._subset(self._filters(dim))
             try:
-                ds = divergence_curves(sub, metric=metric, by=("op", dim), name=name)
-                fig.show(divergence_curves_figure(ds, x=dim))
-            except Exception as e:  # an empty selection: say so instead of raising in a callback
+                curves = self.ds.div.curves(metric=metric, by=("op", dim), name=name, **self._filters(dim))
+                fig.show(divergence_curves_figure(curves, x=dim))
+            except WorkbenchError as e:  # an empty selection: say so instead of raising in a callback
                 msgs.append(f"{dim}: {str(e).splitlines()[0]}")
                 fig.show(_empty())
         self.status.value = "<br>".join(msgs)
-
-    def _subset(self, filters: dict):
-        import copy
-        res = copy.copy(self.result)
-        t = res.table
-        for k, v in filters.items():
-            t = t[t[k] == v]
-        res.table = t
-        return res
 
 
 def _empty():
