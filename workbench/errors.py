@@ -36,6 +36,9 @@ __all__ = [
     "UnknownBackendError",
     "PolicyError",
     "GateError",
+    "ParameterError",
+    "NotebookError",
+    "NotebookFailure",
     "AnalysisError",
     "GraftError",
 ]
@@ -175,6 +178,42 @@ class PolicyError(WorkbenchError, ValueError):
 
 class GateError(WorkbenchError, AssertionError):
     """A notebook gate (a recorded check) failed."""
+
+
+class ParameterError(WorkbenchError, ValueError):
+    """A notebook parameter is unknown, malformed or of the wrong type."""
+
+
+class NotebookError(WorkbenchError):
+    """A notebook cannot be run (missing, not a notebook, no parameters cell)."""
+
+
+class NotebookFailure(WorkbenchError):
+    """A notebook ran and failed: a cell raised, a gate is false, no gate was recorded, the
+    kernel died or its report could not be written.
+
+    Attributes
+    ----------
+    notebook: the notebook (path relative to the repository)
+    cell: 1-based index of the failing cell in the stored notebook (None: not a cell's fault)
+    ename, evalue: the exception's type name and message
+    source: the first line of the failing cell
+    gates: the names of the gates whose check is false
+    stage: where it failed: "execute", "gates" or "export"
+    """
+
+    def __init__(self, message: str, *, notebook: str, cell: int | None = None, ename: str = "",
+                 evalue: str = "", source: str = "", gates: list[str] | None = None, stage: str = "execute",
+                 execution_count: int | None = None, fix: str | None = None) -> None:
+        super().__init__(message, file=notebook, key=None if cell is None else f"cell {cell}",
+                         fix=fix or ("open the report at that cell" if cell else "see the report"))
+        self.notebook, self.cell, self.ename, self.evalue = notebook, cell, ename, evalue
+        self.source, self.gates, self.stage, self.execution_count = source, list(gates or []), stage, execution_count
+
+    def to_dict(self) -> dict:
+        """The ``error`` entry of results.json."""
+        return {"cell": self.cell, "execution_count": self.execution_count, "ename": self.ename,
+                "evalue": self.evalue, "source": self.source, "gates": self.gates, "stage": self.stage}
 
 
 class AnalysisError(WorkbenchError, ValueError):

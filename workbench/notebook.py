@@ -2,13 +2,13 @@
 
 A notebook of the workbench starts with::
 
-    import workbench.notebook as wb
-    wb.setup()
+    from workbench import notebook as nb
+    nb.setup()
 
-and ends with ``wb.assert_gates()``. In between, every check that CI should enforce is a *gate*::
+and ends with ``nb.assert_gates()``. In between, every check that CI should enforce is a *gate*::
 
-    wb.gate("aa_noise_rel_l2", value=noise, threshold=max_aa_rel_l2)          # value <= threshold
-    wb.gate("first_divergence_layer", value=layer, threshold=3, op="==")
+    nb.gate("aa_noise_rel_l2", value=noise, threshold=max_aa_rel_l2)          # value <= threshold
+    nb.gate("first_divergence_layer", value=layer, threshold=3, op="==")
 
 A gate is displayed as a cell output carrying a machine-readable record (mimetype
 :data:`GATE_MIMETYPE`: name, value, threshold, op, passed) next to a readable line, so the
@@ -138,7 +138,7 @@ def explore(figure, **controls):
 
     Example
     -------
-    >>> wb.explore(lambda metric: divergence_curves_figure(ds.div.curves(metric=metric)), metric=["rel_l2", "max_abs"])  # doctest: +SKIP
+    >>> nb.explore(lambda metric: divergence_curves_figure(ds.div.curves(metric=metric)), metric=["rel_l2", "max_abs"])  # doctest: +SKIP
     """
     import ipywidgets as W
     from IPython.display import display

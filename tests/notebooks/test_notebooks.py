@@ -75,13 +75,14 @@ def test_failing_gate_fails_the_run(tmp_path, capsys):
     assert rc == 1
     src = nbformat.read(nb, as_version=4)
     last, gates_cell = len(src.cells), next(
-        i for i, c in enumerate(src.cells, 1) if "wb.gate(\"tensor_rel_l2\"" in c.source)
+        i for i, c in enumerate(src.cells, 1) if "nb.gate(\"tensor_rel_l2\"" in c.source)
     assert f"FAILED  notebooks/tour.ipynb: cell {last} raised GateError: 1 of 2 gate(s) failed: tensor_rel_l2" in err
     assert f"gate 'tensor_rel_l2' (recorded in cell {gates_cell})" in err
     res = json.loads((tmp_path / "results.json").read_text())
     (r,) = res["notebooks"]
     assert not res["ok"] and r["status"] == "failed" and r["failed_gates"] == ["tensor_rel_l2"]
     assert r["parameters"] == {"max_rel_l2": 1e-12}
+    assert (r["error"]["cell"], r["error"]["gates"], r["error"]["stage"]) == (last, ["tensor_rel_l2"], "execute")
     page = (tmp_path / "tour.html").read_text()  # the report of a failed run is still written
     assert "Plotly.newPlot" in page and "GateError" in page
 
@@ -103,19 +104,23 @@ def test_an_html_export_failure_loses_no_other_result(tmp_path, monkeypatch):
     # one notebook whose report cannot be exported is an error in results.json and index.html;
     # the other notebooks' results are written as usual
     import workbench.runner as runner
+    from workbench.runner import execute
 
-    real = runner.export_html
+    real = execute.export_html
 
     def flaky(nb, dest, **kw):
         if Path(dest).stem == "tour":
             raise RuntimeError("nbconvert broke")
         return real(nb, dest, **kw)
 
-    monkeypatch.setattr(runner, "export_html", flaky)
+    monkeypatch.setattr(execute, "export_html", flaky)
     nbs = [ROOT / "notebooks" / "tour.ipynb", ROOT / "notebooks" / "paired_stats.ipynb"]
     res = runner.run_notebooks(nbs, out=tmp_path / "out", log=lambda *a: None)
     by = {r.notebook.split("/")[-1]: r for r in res.notebooks}
     assert by["tour.ipynb"].status == "error" and "HTML export" in by["tour.ipynb"].error["ename"]
+    failure = by["tour.ipynb"].failure()  # the typed error carries notebook, stage and cell
+    assert isinstance(failure, runner.NotebookFailure) and failure.stage == "export" and failure.cell is None
+    assert [f.notebook for f in res.failures] == [by["tour.ipynb"].notebook]
     assert by["paired_stats.ipynb"].status == "passed" and by["paired_stats.ipynb"].html
     saved = json.loads((tmp_path / "out" / "results.json").read_text())
     assert [n["status"] for n in saved["notebooks"]] == ["error", "passed"]

@@ -13,6 +13,7 @@ A *case* is one (rank, step, layer) key of the op. Variants are ``backend x poli
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
@@ -23,6 +24,7 @@ from workbench.capture.reader import Capture, open_capture
 from workbench.errors import AnalysisError, BackendUnavailableError, KernelArgumentError, PolicyError
 from workbench.numerics.metrics import compare
 from workbench.numerics.policy import Policy, resolve_policy
+from workbench.kernels.registry import kernel_log
 from workbench.plugins import Registry
 
 __all__ = ["OpAdapter", "register_adapter", "adapters", "replay", "counterfactuals", "replay_cases", "REGISTRY"]
@@ -153,21 +155,22 @@ def replay(capture, *, op: str, backends: Sequence[str] = ("torch",), policies: 
     eo = np.full((len(cases), len(variants)), np.nan)
     ec = np.full(eo.shape, np.nan)
     cap_eo = np.zeros(len(cases))
-    for i, c in enumerate(cases):
-        x = ad.load(cap, *c)
-        ref = ad.run(x, "oracle", Policy(accum_dtype="fp64"))[out]
-        captured = cap.get(op=ad.op, rank=c[0], step=c[1], layer=c[2], name=out)
-        captured = captured.reshape(ref.shape)
-        cap_eo[i] = _rel(captured, ref)
-        for j, (lab, b, p) in enumerate(variants):
-            try:
-                y = ad.run(x, b, p)[out].reshape(ref.shape)
-            except (BackendUnavailableError, KernelArgumentError, PolicyError) as e:
-                # a backend that cannot run here, or cannot honour a knob: an empty cell, said in attrs
-                if not any(x.startswith(f"{lab}:") for x in skipped):
-                    skipped.append(f"{lab}: {e.message}")
-                continue
-            eo[i, j], ec[i, j] = _rel(y, ref), _rel(y, captured)
+    with kernel_log() as log:  # which backend and code path computed each variant, in attrs
+        for i, c in enumerate(cases):
+            x = ad.load(cap, *c)
+            ref = ad.run(x, "oracle", Policy(accum_dtype="fp64"))[out]
+            captured = cap.get(op=ad.op, rank=c[0], step=c[1], layer=c[2], name=out)
+            captured = captured.reshape(ref.shape)
+            cap_eo[i] = _rel(captured, ref)
+            for j, (lab, b, p) in enumerate(variants):
+                try:
+                    y = ad.run(x, b, p)[out].reshape(ref.shape)
+                except (BackendUnavailableError, KernelArgumentError, PolicyError) as e:
+                    # a backend that cannot run here, or cannot honour a knob: an empty cell, said in attrs
+                    if not any(x.startswith(f"{lab}:") for x in skipped):
+                        skipped.append(f"{lab}: {e.message}")
+                    continue
+                eo[i, j], ec[i, j] = _rel(y, ref), _rel(y, captured)
     labels = [v[0] for v in variants]
     ds = xr.Dataset({"err_oracle": (("case", "variant"), eo), "err_captured": (("case", "variant"), ec),
                      "captured_err_oracle": ("case", cap_eo)},
@@ -179,7 +182,8 @@ def replay(capture, *, op: str, backends: Sequence[str] = ("torch",), policies: 
     ds["n_closer"] = ds.closer.sum("case")
     ds.attrs.update(analysis="replay", op=op, output=out, capture=str(cap.path), arm=cap.arm,
                     n_cases=len(cases), metric="relative L2", oracle="the op's 'oracle' backend (fp64) on the same inputs",
-                    closer="err_oracle < captured_err_oracle (strictly)", skipped="; ".join(skipped) or "none")
+                    closer="err_oracle < captured_err_oracle (strictly)", skipped="; ".join(skipped) or "none",
+                    kernels=json.dumps(log.summary()))
     return ds
 
 

@@ -152,6 +152,7 @@ class Recorder:
         self.hooked: list[str] = []
         self.skipped = {"dtype": 0, "budget": 0}
         self.pending: dict[tuple, torch.Tensor] = dict(overrides or {})
+        self.kernels = None  # the KernelLog of the recording (workbench.kernels.registry.kernel_log)
         self.grafted: list[tuple] = []
 
     # -- public ------------------------------------------------------------------------------
@@ -360,6 +361,9 @@ class Recorder:
         run = dict(self.writer.run)
         run.setdefault("model", type(self.model).__name__)
         run["recorder"] = self._metadata()
+        calls = self.kernels.summary() if self.kernels is not None else []
+        if calls:
+            run["kernels"] = calls  # which workbench backend (and code path) computed what
         self.writer.run = run
         self.writer.close()
 
@@ -423,9 +427,11 @@ def record(model: torch.nn.Module, path: str | os.PathLike, *, arm: str, include
         writer.run = {**writer.run, "graft": [list(k) for k in overrides]}
     rec = Recorder(model, writer, include=include, exclude=exclude, max_bytes=max_bytes, rank=rank,
                    mapper=mapper, inputs=inputs, outputs=outputs, on_budget=on_budget, overrides=overrides)
+    from workbench.kernels.registry import kernel_log
     try:
         rec._attach()
-        yield rec
+        with kernel_log() as rec.kernels:  # workbench kernel calls made while recording
+            yield rec
     except CaptureBudgetError:
         rec._detach()
         rec._commit()  # what was recorded up to the cap is a valid capture

@@ -20,6 +20,8 @@ instead, and each such substitution is warned about once (BackendFallbackWarning
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import importlib
 import threading
 import warnings
@@ -31,7 +33,8 @@ import pandas as pd
 from workbench.errors import BackendUnavailableError, UnknownBackendError
 from workbench.plugins import Registry
 
-__all__ = ["register_backend", "get_backend", "get_op", "implemented_ops", "backends", "fallbacks",
+__all__ = ["register_backend", "register_knobs", "get_backend", "get_op", "implemented_ops", "backends",
+           "fallbacks", "call", "check_policy", "honoured_knobs", "note_path", "kernel_log", "KernelLog",
            "BackendInfo", "BackendFallbackWarning", "REGISTRY"]
 
 
@@ -141,16 +144,10 @@ _FALLBACKS: dict[tuple[str, str, str], str] = {}
 _FALLBACK_LOCK = threading.Lock()
 
 
-def get_op(family: str, backend: str, op: str, *, fallback: str | None = None):
-    """The function implementing ``op`` in ``backend`` of ``family``.
-
-    A backend that does not implement ``op`` is a BackendUnavailableError listing the backends
-    that do, unless ``fallback`` names one of them: then that backend's function is returned, a
-    BackendFallbackWarning is issued (once per family, backend and op) and the substitution is
-    recorded in :func:`fallbacks`.
-    """
+def _runner_of(family: str, backend: str, op: str, fallback: str | None) -> str:
+    """The backend that runs ``op``: ``backend`` itself, or ``fallback`` (warned once, recorded)."""
     if op in implemented_ops(family, backend):  # UnknownBackendError for a name not registered
-        return getattr(get_backend(family, backend), op)  # raises if it cannot run here
+        return backend
     fam = _family(family)
     who = [n for n in fam if op in implemented_ops(family, n)]
     if fallback is None:
@@ -168,8 +165,19 @@ def get_op(family: str, backend: str, op: str, *, fallback: str | None = None):
         _FALLBACKS[key] = fallback
     if first:
         warnings.warn(f"{family}.{op}: backend {backend!r} does not implement it; running {fallback!r}'s "
-                      f"{op} instead (fallback={fallback!r})", BackendFallbackWarning, stacklevel=3)
-    return get_op(family, fallback, op)
+                      f"{op} instead (fallback={fallback!r})", BackendFallbackWarning, stacklevel=4)
+    return fallback
+
+
+def get_op(family: str, backend: str, op: str, *, fallback: str | None = None):
+    """The function implementing ``op`` in ``backend`` of ``family``.
+
+    A backend that does not implement ``op`` is a BackendUnavailableError listing the backends
+    that do, unless ``fallback`` names one of them: then that backend's function is returned, a
+    BackendFallbackWarning is issued (once per family, backend and op) and the substitution is
+    recorded in :func:`fallbacks`.
+    """
+    return getattr(get_backend(family, _runner_of(family, backend, op, fallback)), op)
 
 
 def fallbacks() -> list[dict]:
@@ -182,15 +190,20 @@ def fallbacks() -> list[dict]:
 def backends(family: str, *, by_op: bool = False) -> pd.DataFrame:
     """Every backend of ``family`` with its availability, the reason and the ops it implements.
 
-    Returns a DataFrame with columns name, available, reason, ops, module, description; with
+    Returns a DataFrame with columns name, available, reason, ops, knobs (the values of each of
+    the family's policy knobs the backend honours: "any" or a list), module, description; with
     ``by_op=True`` one row per (op, backend): op, name, implemented, available, reason.
     """
     rows = []
     for name, info in _family(family).items():
         mod, ok, reason = _probe(info)
-        rows.append(dict(name=name, available=ok, reason=reason, ops=list(_module_ops(mod)), module=info.module,
-                         description=info.description))
-    df = pd.DataFrame(rows, columns=["name", "available", "reason", "ops", "module", "description"])
+        knobs = honoured_knobs(family, name)
+        rows.append(dict(name=name, available=ok, reason=reason, ops=list(_module_ops(mod)),
+                         knobs="policy does not apply (FP64 truth)" if knobs is None else
+                         {k: ("any" if v is None else _text(v) if isinstance(v, range) else list(v))
+                          for k, v in knobs.items()},
+                         module=info.module, description=info.description))
+    df = pd.DataFrame(rows, columns=["name", "available", "reason", "ops", "knobs", "module", "description"])
     if not by_op:
         return df
     all_ops = list(dict.fromkeys(o for r in rows for o in r["ops"]))
@@ -198,3 +211,166 @@ def backends(family: str, *, by_op: bool = False) -> pd.DataFrame:
                  reason=r["reason"] if o in r["ops"] else f"{r['name']} does not implement {o}")
             for o in all_ops for r in rows]
     return pd.DataFrame(long, columns=["op", "name", "implemented", "available", "reason"])
+
+
+# -- policy knobs and the dispatcher --------------------------------------------------------------
+#
+# A family declares the policy knobs its ops read (``register_knobs``); a backend module declares
+# in ``KNOBS`` the values it honours of each (``{knob: values}``; None: any value; a knob it does
+# not list: only the default). ``KNOBS = None`` says the policy does not apply to the backend at
+# all (the FP64 oracles). The dispatcher checks a call's policy against that table once, before
+# the backend runs; a knob a backend cannot honour is always a PolicyError naming the backends
+# that can.
+
+_FAMILY_KNOBS: dict[str, dict[str | None, tuple[str, ...]]] = {}
+
+
+def register_knobs(family: str, knobs) -> None:
+    """Declare the policy knobs the ops of ``family`` read: a tuple (every op), or
+    ``{op: tuple}``."""
+    from workbench.numerics.policy import Policy
+    per_op = dict(knobs) if isinstance(knobs, dict) else {None: tuple(knobs)}
+    bad = sorted({k for ks in per_op.values() for k in ks} - set(Policy.knobs()))
+    if bad:
+        raise UnknownBackendError(f"{family}: {bad} are not policy knobs", key="knobs",
+                                  fix=f"use knobs among {Policy.knobs()}")
+    _FAMILY_KNOBS[family] = {op: tuple(ks) for op, ks in per_op.items()}
+
+
+def _family_knobs(family: str, op: str | None) -> tuple[str, ...]:
+    table = _FAMILY_KNOBS.get(family, {})
+    if op is None:
+        return tuple(dict.fromkeys(k for ks in table.values() for k in ks))
+    return table.get(op, table.get(None, ()))
+
+
+def honoured_knobs(family: str, name: str, op: str | None = None) -> dict[str, tuple | None] | None:
+    """``{knob: values honoured (None: any)}`` of backend ``name`` for the knobs ``op`` of
+    ``family`` reads (None: every op's); None when the policy does not apply to the backend
+    (an FP64 oracle)."""
+    from workbench.numerics.policy import DEFAULT
+    fam = _family(family)
+    mod = _import(fam[name]) if name in fam else None
+    declared = getattr(mod, "KNOBS", {}) if mod is not None else {}
+    if declared is None:
+        return None
+    return {k: (_values(declared[k]) if declared[k] is not None else None) if k in declared
+            else (getattr(DEFAULT, k),) for k in _family_knobs(family, op)}
+
+
+def _values(v):
+    return v if isinstance(v, range) else tuple(v)
+
+
+def _text(values) -> str:
+    if isinstance(values, range):
+        return f"{values.start}..{values.stop - 1}"
+    return repr(list(values))
+
+
+def check_policy(family: str, name: str, policy, op: str | None = None) -> None:
+    """PolicyError when backend ``name`` cannot honour a knob of ``policy`` that ``op`` reads."""
+    from workbench.errors import PolicyError
+    table = honoured_knobs(family, name, op)
+    if table is None:
+        return
+    for knob, values in table.items():
+        v = getattr(policy, knob)
+        if values is not None and v not in values:
+            who = [n for n in _family(family) if n != name and (op is None or op in implemented_ops(family, n))
+                   and _honours(family, n, op, knob, v)]
+            raise PolicyError(
+                f"{family} backend {name!r} does not honour policy.{knob}={v!r} (it honours {_text(values)}); "
+                f"backends that do: {who}", key=knob,
+                fix=(f"pass backend= one of {who}, or " if who else "") + f"set {knob}= one of {_text(values)}")
+
+
+def _honours(family: str, name: str, op: str | None, knob: str, value) -> bool:
+    t = honoured_knobs(family, name, op)
+    return t is not None and (t.get(knob) is None or value in t[knob])
+
+
+def call(family: str, backend: str, op: str, *args, policy=None, fallback: str | None = None,
+         knobs: dict | None = None, **kwargs):
+    """Run ``op`` of ``family`` on ``backend``: the one place a kernel call's policy is resolved
+    (None: the current one; a dict: knobs over it) and checked against what the backend
+    honours, the backend chosen (or its fallback) and the call noted in every open
+    :func:`kernel_log`. ``knobs``: the call's explicit arguments that are policy knobs
+    (``chunk_size=``, ``splits=``; None values ignored), checked as part of the policy. The
+    backend function receives the resolved :class:`Policy`."""
+    from workbench.numerics.policy import resolve_policy
+    p = resolve_policy(policy)
+    if knobs and any(v is not None for v in knobs.values()):
+        p = p.replace(**{k: v for k, v in knobs.items() if v is not None})
+    ran = _runner_of(family, backend, op, fallback)
+    check_policy(family, ran, p, op)
+    fn = getattr(get_backend(family, ran), op)
+    event = {"family": family, "op": op, "backend": backend, "ran": ran, "policy": p.label(), "path": None}
+    token = _CURRENT.set(event)
+    if _family_knobs(family, op) or op not in _FAMILY_KNOBS.get(family, {}):
+        kwargs["policy"] = p  # an op declared to read no knob (qsa.select) takes no policy
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        _CURRENT.reset(token)
+        for log in _LOGS.get():
+            log._add(event)
+
+
+def note_path(path: str) -> None:
+    """Called by a backend inside a dispatched call: the code path it took (e.g. "mma" or
+    "scalar" for the tensor-core choice), recorded with the call in :func:`kernel_log`."""
+    ev = _CURRENT.get()
+    if ev is not None:
+        ev["path"] = path
+
+
+class KernelLog:
+    """The kernel calls made inside a :func:`kernel_log` block, grouped: family, op, the backend
+    asked for, the one that ran, the policy label, the path taken, and how many calls."""
+
+    def __init__(self) -> None:
+        self._counts: dict[tuple, int] = {}
+        self._lock = threading.Lock()
+
+    def _add(self, ev: dict) -> None:
+        key = tuple(ev[k] for k in _LOG_FIELDS)
+        with self._lock:
+            self._counts[key] = self._counts.get(key, 0) + 1
+
+    def summary(self) -> list[dict]:
+        with self._lock:
+            return [dict(zip(_LOG_FIELDS, k), calls=n) for k, n in self._counts.items()]
+
+    @property
+    def fallbacks(self) -> list[dict]:
+        """The calls that ran another backend than the one asked for."""
+        return [r for r in self.summary() if r["backend"] != r["ran"]]
+
+    def __repr__(self) -> str:
+        return f"<KernelLog {sum(self._counts.values())} calls, {len(self._counts)} kinds>"
+
+
+_LOG_FIELDS = ("family", "op", "backend", "ran", "policy", "path")
+_CURRENT: contextvars.ContextVar[dict | None] = contextvars.ContextVar("workbench_kernel_call", default=None)
+_LOGS: contextvars.ContextVar[tuple] = contextvars.ContextVar("workbench_kernel_logs", default=())
+
+
+@contextlib.contextmanager
+def kernel_log():
+    """Record the kernel calls made inside the block (in this thread or task)::
+
+        with kernel_log() as log:
+            model.generate(...)
+        log.summary()   # [{'family': 'gdn', 'op': 'chunked', 'backend': 'ext', 'ran': 'ext',
+                        #   'policy': 'default', 'path': 'mma', 'calls': 4}, ...]
+
+    Results record it (capture run metadata ``kernels``, replay attrs), so a result says which
+    code computed it.
+    """
+    log = KernelLog()
+    token = _LOGS.set(_LOGS.get() + (log,))
+    try:
+        yield log
+    finally:
+        _LOGS.reset(token)

@@ -563,11 +563,14 @@ class HybridRerun:
                         t.copy_(v.to(t.dtype))
                 w.add(t, rank=rank, step=step, layer=layer, op=op, name=name, **tags)
 
+        from workbench.kernels.registry import kernel_log
         try:
-            self.model.generate(self.prompt, steps=self.steps, arm=self.arm, writer=_Grafting(), spec=self.spec)
+            with kernel_log() as log:
+                self.model.generate(self.prompt, steps=self.steps, arm=self.arm, writer=_Grafting(), spec=self.spec)
         except BaseException:
             w.abort()
             raise
+        w.run = {**w.run, "kernels": log.summary()}
         w.close()
         if pending:
             raise GraftError(f"the run never produced {sorted(pending)}", key="overrides",

@@ -23,6 +23,7 @@ from typing import Any, Callable
 import torch
 
 from workbench.capture.writer import CaptureWriter
+from workbench.kernels.registry import kernel_log
 from workbench.models.hybrid import ArmConfig, HybridConfig, HybridDecoder, Override, RecordSpec
 from workbench.numerics.policy import Policy
 
@@ -238,11 +239,13 @@ def _write_hybrid(c: SampleCapture, path: Path, arithmetic: dict) -> None:
         run["expect"] = _expect(c)
     w = CaptureWriter(path, arm=c.name, run=run, overwrite=True)
     try:
-        tokens = model.generate(model.prompt(PROMPT_LEN), steps=DECODE_STEPS, arm=c.arm, writer=w, spec=c.spec)
+        with kernel_log() as log:  # which backend (and code path) computed each op, in the capture
+            tokens = model.generate(model.prompt(PROMPT_LEN), steps=DECODE_STEPS, arm=c.arm, writer=w, spec=c.spec)
     except BaseException:
         w.abort()
         raise
     w.run["tokens"] = tokens
+    w.run["kernels"] = log.summary()
     w.close()
 
 

@@ -18,6 +18,7 @@ from workbench.errors import PolicyError
 __all__ = ["Policy", "DEFAULT", "use_policy", "current_policy", "resolve_policy"]
 
 _FLOAT_CHOICES = ("fp64", "fp32", "bf16", "fp16")
+CUDA_PATHS = ("auto", "scalar", "mma")
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,10 @@ class Policy:
     partial_dtype: dtype split-K partial sums are stored in
     reduction_order: "sequential" or "tree" reduction of split-K partials
     logits_dtype: dtype logits are materialized in before sampling
+    cuda_path: the native CUDA kernels' code path: "auto" (tensor cores where the shape and
+        dtypes allow, as documented per kernel), "scalar" (CUDA cores) or "mma" (tensor cores;
+        refused where they cannot run). The environment variables WORKBENCH_GDN_CUDA_PATH and
+        WORKBENCH_GEMM_CUDA_PATH replace "auto" only (an explicit value always wins)
     """
 
     input_dtype: str | None = None
@@ -56,6 +61,7 @@ class Policy:
     partial_dtype: str = "fp32"
     reduction_order: str = "sequential"
     logits_dtype: str = "bf16"
+    cuda_path: str = "auto"
     extra: tuple = field(default=(), compare=True)
 
     def __post_init__(self) -> None:
@@ -76,6 +82,7 @@ class Policy:
         check("partial_dtype", self.partial_dtype, ("fp32", "bf16", "fp16", "fp64"))
         check("reduction_order", self.reduction_order, ("sequential", "tree"))
         check("logits_dtype", self.logits_dtype, _FLOAT_CHOICES)
+        check("cuda_path", self.cuda_path, CUDA_PATHS)
         for name in ("chunk_size", "num_kv_splits", "splitk"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:

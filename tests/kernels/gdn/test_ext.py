@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import workbench
-from workbench.errors import KernelArgumentError
+from workbench.errors import KernelArgumentError, PolicyError
 from workbench.kernels import _native, gdn
 from workbench.kernels.gdn import ext, oracle
 from workbench.kernels.gdn._cases import case_id, make_inputs
@@ -52,8 +52,10 @@ def test_cpu_policy():
     o, _ = gdn.chunked(**x, qk_l2norm=True, backend="ext", chunk_size=16,
                        policy=Policy(output_dtype="bf16"))
     assert o.dtype == torch.bfloat16 and workbench.compare(ref_o, o).rel_l2 < 5e-3
-    with pytest.raises(KernelArgumentError, match="state_dtype"):
+    with pytest.raises(PolicyError, match="state_dtype"):
         gdn.recurrent(**x, backend="ext", policy=Policy(state_dtype="bf16"))
+    with pytest.raises(PolicyError, match="cuda_path"):  # the tensor-core path is CUDA's chunked form only
+        gdn.chunked(**x, backend="ext", policy=Policy(cuda_path="mma"))
 
 
 @pytest.mark.skipif(_native.find_nvcc() is None, reason="nvcc not found")
@@ -113,10 +115,16 @@ def test_cuda_path_choice(monkeypatch):
     assert ext.cuda_path(s, 64, 0, torch.bfloat16) == "scalar"
     monkeypatch.setenv("WORKBENCH_GDN_CUDA_PATH", "mma")
     assert ext.cuda_path(s, 64, 0, torch.float32) == "mma"
-    with pytest.raises(KernelArgumentError, match="chunk_size 64"):
+    with pytest.raises(PolicyError, match="chunk_size 64"):
         ext.cuda_path(_shape(K=32), 64, 0, torch.float32)
+    # the policy's explicit choice wins; the environment replaces only its default 'auto'
+    assert ext.cuda_path(s, 64, 0, torch.float32, "scalar") == "scalar"
+    monkeypatch.delenv("WORKBENCH_GDN_CUDA_PATH")
+    assert ext.cuda_path(s, 64, 0, torch.float32, "mma") == "mma"
+    with pytest.raises(PolicyError, match=r"policy.cuda_path='mma'"):
+        ext.cuda_path(_shape(K=32), 64, 0, torch.bfloat16, "mma")
     monkeypatch.setenv("WORKBENCH_GDN_CUDA_PATH", "fast")
-    with pytest.raises(KernelArgumentError, match="WORKBENCH_GDN_CUDA_PATH"):
+    with pytest.raises(PolicyError, match="WORKBENCH_GDN_CUDA_PATH"):
         ext.cuda_path(s, 64, 0, torch.bfloat16)
 
 

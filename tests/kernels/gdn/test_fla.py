@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import workbench
-from workbench.errors import BackendUnavailableError, KernelArgumentError
+from workbench.errors import BackendUnavailableError, PolicyError
 from workbench.kernels import gdn
 from workbench.kernels.gdn import fla as fla_backend
 from workbench.kernels.gdn._cases import make_inputs
@@ -21,10 +21,14 @@ def test_reason_when_unavailable():
 
 
 def test_policy_it_cannot_honour_is_refused():
-    with pytest.raises(KernelArgumentError, match="state_dtype"):
-        fla_backend._check_policy({"state_dtype": "bf16"})
-    with pytest.raises(KernelArgumentError, match="chunk_size"):
-        fla_backend._check_policy(None, chunk_size=32)
+    # checked by the dispatcher from fla's declared KNOBS, before its availability: on any machine
+    with pytest.raises(PolicyError, match="state_dtype") as e:
+        gdn.chunked(**make_inputs(), backend="fla", policy={"state_dtype": "bf16"})
+    assert "backends that do: ['torch']" in e.value.message and e.value.key == "state_dtype"
+    with pytest.raises(PolicyError, match="chunk_size"):
+        gdn.chunked(**make_inputs(), backend="fla", chunk_size=32)
+    with pytest.raises(PolicyError, match="output_dtype"):
+        gdn.recurrent(**make_inputs(), backend="fla", policy={"output_dtype": "bf16"})
 
 
 @pytest.mark.gpu

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import workbench
-from workbench.errors import KernelArgumentError
+from workbench.errors import KernelArgumentError, PolicyError
 from workbench.kernels import gdn
 from workbench.kernels.gdn import numba_cuda
 from workbench.kernels.gdn._cases import case_id, make_inputs
@@ -50,10 +50,12 @@ def test_cpu_tensors_without_gpu_are_refused():
 
 def test_policy_limits():
     x = make_inputs()
-    with pytest.raises(KernelArgumentError, match="chunk_size"):
-        numba_cuda.chunked(**x, chunk_size=128)
-    with pytest.raises(KernelArgumentError, match="accum_dtype"):
-        numba_cuda.recurrent(**x, policy={"accum_dtype": "fp64"})
+    with pytest.raises(PolicyError, match=r"chunk_size=128 \(it honours 1..64\)"):
+        gdn.chunked(**x, chunk_size=128, backend="numba")
+    with pytest.raises(PolicyError, match="accum_dtype"):
+        gdn.recurrent(**x, policy={"accum_dtype": "fp64"}, backend="numba")
+    with pytest.raises(PolicyError, match="cuda_path"):
+        gdn.chunked(**x, policy={"cuda_path": "mma"}, backend="numba")
 
 
 @pytest.mark.gpu

@@ -3,7 +3,7 @@ import torch
 
 import workbench
 from workbench.kernels import _native
-from workbench.errors import BackendUnavailableError
+from workbench.errors import BackendUnavailableError, PolicyError
 from workbench.kernels.gemm import batch_invariance, ext, oracle, splitk_matmul
 from workbench.numerics import ulp_of
 
@@ -81,9 +81,29 @@ def test_cuda_path_choice(monkeypatch, env, dtype, want):
 @pytest.mark.parametrize("env, dtype", [("mma", torch.float32), ("wgmma", torch.bfloat16)])
 def test_cuda_path_bad_choice(monkeypatch, env, dtype):
     monkeypatch.setenv(ext.PATH_ENV, env)
-    with pytest.raises(BackendUnavailableError) as e:
+    with pytest.raises(PolicyError) as e:
         ext.cuda_path(dtype)
-    assert ext.PATH_ENV in str(e.value)
+    assert ext.PATH_ENV in str(e.value) and e.value.key == "cuda_path"
+
+
+def test_cuda_path_is_a_policy_knob_the_environment_only_defaults(monkeypatch):
+    monkeypatch.setenv(ext.PATH_ENV, "scalar")
+    assert ext.cuda_path(torch.bfloat16) == "scalar"                  # replaces the default 'auto'
+    assert ext.cuda_path(torch.bfloat16, "mma") == "mma"              # an explicit knob wins
+    monkeypatch.delenv(ext.PATH_ENV)
+    assert ext.cuda_path(torch.bfloat16) == "mma" and ext.cuda_path(torch.float32) == "scalar"
+    with pytest.raises(PolicyError, match="policy.cuda_path='mma'"):
+        ext.cuda_path(torch.float32, "mma")
+    x, w = torch.randn(2, 32), torch.randn(4, 32)
+    with pytest.raises(PolicyError, match="gemm backend 'torch' does not honour policy.cuda_path='scalar'"):
+        splitk_matmul(x, w, splits=2, policy={"cuda_path": "scalar"})
+    with pytest.raises(PolicyError, match=r"splitk=65 \(it honours 1..64\)"):
+        splitk_matmul(torch.randn(2, 130), torch.randn(4, 130), splits=65, backend="ext")
+    from workbench.kernels.registry import kernel_log
+    with kernel_log() as log:  # the path a call took is recorded with it
+        splitk_matmul(x, w, splits=2, backend="ext")
+    (row,) = log.summary()
+    assert (row["backend"], row["ran"], row["path"], row["calls"]) == ("ext", "ext", "cpu", 1)
 
 
 # (M, N, K, S, partial, order, input dtype): N not a multiple of the 32-column block, M on both

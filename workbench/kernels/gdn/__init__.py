@@ -14,11 +14,16 @@ with the same keyword arguments.
 from __future__ import annotations
 
 from workbench.kernels.gdn import _checks
-from workbench.kernels.registry import get_op, register_backend
+from workbench.kernels.registry import call, register_backend, register_knobs
 
 __all__ = ["recurrent", "chunked", "gates", "causal_conv1d", "gated_rmsnorm", "BACKENDS"]
 
 BACKENDS = ("oracle", "torch", "numba", "ext", "fla")
+# the policy knobs GDN ops read; each backend's KNOBS says which values it honours
+_RECURRENCE = ("input_dtype", "accum_dtype", "state_dtype", "output_dtype", "cuda_path")
+register_knobs("gdn", {"recurrent": _RECURRENCE, "chunked": (*_RECURRENCE, "chunk_size"), "gates": ("accum_dtype",),
+                       "causal_conv1d": ("accum_dtype", "output_dtype"),
+                       "gated_rmsnorm": ("accum_dtype", "output_dtype")})
 
 register_backend("gdn", "oracle", "workbench.kernels.gdn.oracle",
                  description="float64 torch, the truth")
@@ -80,9 +85,8 @@ def recurrent(q, k, v, g, beta, *, scale=None, initial_state=None, qk_l2norm=Fal
     (torch.Size([1, 5, 4, 8]), torch.Size([1, 4, 8, 8]))
     """
     _checks.check_gdn(q, k, v, g, beta, scale, initial_state)
-    return get_op("gdn", backend, "recurrent")(
-        q, k, v, g, beta, scale=scale, initial_state=initial_state, qk_l2norm=qk_l2norm,
-        policy=policy)
+    return call("gdn", backend, "recurrent", q, k, v, g, beta, scale=scale, initial_state=initial_state,
+                qk_l2norm=qk_l2norm, policy=policy)
 
 
 def chunked(q, k, v, g, beta, *, scale=None, initial_state=None, qk_l2norm=False,
@@ -112,9 +116,8 @@ def chunked(q, k, v, g, beta, *, scale=None, initial_state=None, qk_l2norm=False
     _checks.check_gdn(q, k, v, g, beta, scale, initial_state)
     if chunk_size is not None:
         _checks.resolve_chunk(chunk_size, None)
-    return get_op("gdn", backend, "chunked")(
-        q, k, v, g, beta, scale=scale, initial_state=initial_state, qk_l2norm=qk_l2norm,
-        chunk_size=chunk_size, policy=policy)
+    return call("gdn", backend, "chunked", q, k, v, g, beta, scale=scale, initial_state=initial_state,
+                qk_l2norm=qk_l2norm, chunk_size=chunk_size, policy=policy, knobs={"chunk_size": chunk_size})
 
 
 def gates(a, b, A_log, dt_bias, *, backend="torch", policy=None, fallback=None):
@@ -144,7 +147,7 @@ def gates(a, b, A_log, dt_bias, *, backend="torch", policy=None, fallback=None):
     (-0.6931, 0.5)
     """
     _checks.check_gates(a, b, A_log, dt_bias)
-    return get_op("gdn", backend, "gates", fallback=fallback)(a, b, A_log, dt_bias, policy=policy)
+    return call("gdn", backend, "gates", a, b, A_log, dt_bias, policy=policy, fallback=fallback)
 
 
 def causal_conv1d(x, weight, *, state=None, backend="torch", policy=None, fallback=None):
@@ -177,7 +180,7 @@ def causal_conv1d(x, weight, *, state=None, backend="torch", policy=None, fallba
     (torch.Size([2, 7, 6]), torch.Size([2, 6, 3]))
     """
     _checks.check_conv(x, weight, state)
-    return get_op("gdn", backend, "causal_conv1d", fallback=fallback)(x, weight, state=state, policy=policy)
+    return call("gdn", backend, "causal_conv1d", x, weight, state=state, policy=policy, fallback=fallback)
 
 
 def gated_rmsnorm(x, z, weight, eps=1e-6, *, backend="torch", policy=None, fallback=None):
@@ -206,4 +209,4 @@ def gated_rmsnorm(x, z, weight, eps=1e-6, *, backend="torch", policy=None, fallb
     torch.Size([3, 8])
     """
     _checks.check_rmsnorm(x, z, weight, eps)
-    return get_op("gdn", backend, "gated_rmsnorm", fallback=fallback)(x, z, weight, eps, policy=policy)
+    return call("gdn", backend, "gated_rmsnorm", x, z, weight, eps, policy=policy, fallback=fallback)

@@ -1,11 +1,11 @@
-"""Shared launcher plumbing of the compiled backends (numba, ext): policy checks and the float32
-staging of inputs that their kernels read."""
+"""Shared launcher plumbing of the compiled backends (numba, ext): the float32 staging of inputs
+that their kernels read. (Which policy values they honour is declared in their ``KNOBS`` and
+checked by the dispatcher, :func:`workbench.kernels.registry.call`.)"""
 
 from __future__ import annotations
 
 import torch
 
-from workbench.errors import KernelArgumentError
 from workbench.kernels.gdn._checks import check_gdn, l2norm, resolve_chunk
 from workbench.numerics.dtypes import torch_dtype
 from workbench.numerics.policy import resolve_policy
@@ -14,8 +14,8 @@ __all__ = ["stage"]
 
 
 def stage(backend, q, k, v, g, beta, scale, initial_state, qk_l2norm, policy, chunk_size=None,
-          max_chunk=None, widen=True):
-    """Check arguments and policy; return (shape, policy, chunk, float32 contiguous tensors, out dtype).
+          widen=True):
+    """Check arguments; return (shape, policy, chunk, float32 contiguous tensors, out dtype).
 
     The kernels read float32: q, k, v and beta are materialized in ``policy.input_dtype`` first
     (when set) and then widened; the L2 norm of q and k is applied here, in float32.
@@ -23,17 +23,8 @@ def stage(backend, q, k, v, g, beta, scale, initial_state, qk_l2norm, policy, ch
     applied, for kernels that read bf16 / fp16 themselves.
     """
     s = check_gdn(q, k, v, g, beta, scale, initial_state)
-    p = resolve_policy(policy)
-    if p.state_dtype != "fp32":
-        raise KernelArgumentError(
-            f"policy.state_dtype: expected 'fp32' for backend {backend!r} (its kernels keep the "
-            f"state in float32), got {p.state_dtype!r}", key="policy",
-            fix="use backend='torch' to emulate a bf16/fp16 state")
+    p = resolve_policy(policy)  # a Policy from the dispatcher; None/dict when called directly
     C = resolve_chunk(chunk_size, p)
-    if max_chunk is not None and C > max_chunk:
-        raise KernelArgumentError(f"chunk_size: expected at most {max_chunk} for backend "
-                                  f"{backend!r}, got {C}", key="chunk_size",
-                                  fix=f"pass chunk_size <= {max_chunk}")
     inp = torch_dtype(p.input_dtype) if p.input_dtype else None
     out = torch_dtype(p.output_dtype) if p.output_dtype else v.dtype
 

@@ -3,9 +3,10 @@
 CPU tensors run the C++ build (g++, built on first use into ``$WORKBENCH_CACHE``); CUDA tensors
 run the CUDA build (nvcc, ``-gencode=arch=compute_90a,code=sm_90a`` by default) on torch's current
 stream. Both compute in float32 storage with dot products accumulated in ``policy.accum_dtype``
-(fp32 or fp64); the state stays float32 (``state_dtype`` other than fp32 is refused), inputs are
-materialized in ``policy.input_dtype`` when set, o is rounded to ``policy.output_dtype``
-(None: v's dtype). The helper ops run through the ``torch`` backend.
+(fp32 or fp64); the state stays float32 (``state_dtype`` other than fp32 is refused by the
+dispatcher, from ``KNOBS``), inputs are materialized in ``policy.input_dtype`` when set, o is
+rounded to ``policy.output_dtype`` (None: v's dtype). The helper ops are not implemented here
+(``fallback="torch"`` runs torch's, recorded).
 
 The CUDA chunked form has two paths (``cuda_path``): ``scalar`` (plain fp32 FMAs, the element code
 of ``gdn_common.h``) and ``mma`` (``gdn_mma.cu``: tensor cores, tf32 operands rounded to nearest,
@@ -14,7 +15,9 @@ dtype by the kernel; bf16 / fp16 q, k, v read as given, which gives the same res
 them first, since they are exact in tf32; ``qk_l2norm`` applied by the kernels to the products
 they form from the raw q and k). ``auto`` takes ``mma``
 for bf16/fp16 inputs (after ``policy.input_dtype``) when the shape fits and the accumulator is
-fp32, else ``scalar``; ``WORKBENCH_GDN_CUDA_PATH=scalar|mma|auto`` overrides.
+fp32, else ``scalar``. The choice is the policy knob ``cuda_path`` (auto, scalar, mma);
+``WORKBENCH_GDN_CUDA_PATH`` replaces its default ``auto`` only. The path taken is noted with the
+call (:func:`workbench.kernels.registry.kernel_log`).
 """
 
 from __future__ import annotations
@@ -26,16 +29,20 @@ from typing import NamedTuple
 
 import torch
 
-from workbench.errors import BackendUnavailableError, KernelArgumentError
+from workbench.errors import BackendUnavailableError, KernelArgumentError, PolicyError
 from workbench.kernels import _native
-# the helper ops run through the torch implementation (same keyword signatures)
 from workbench.kernels.gdn._checks import l2norm
 from workbench.kernels.gdn._launch import stage
+from workbench.kernels.registry import note_path
 from workbench.numerics.dtypes import torch_dtype
 
 # the ops this backend implements itself; the helper ops (gates, conv, gated norm) are torch's
 # or the oracle's, reached through fallback= (workbench.kernels.registry.get_op)
 OPS = ("recurrent", "chunked")
+# the policy values it honours (the dispatcher refuses others)
+KNOBS = {"input_dtype": None, "output_dtype": None, "accum_dtype": ("fp32", "fp64"), "state_dtype": ("fp32",),
+         "chunk_size": None, "cuda_path": ("auto", "scalar", "mma")}
+PATH_ENV = "WORKBENCH_GDN_CUDA_PATH"
 
 __all__ = ["recurrent", "chunked", "is_available",
            "library"]
@@ -101,22 +108,26 @@ def inverse_diag16(A: torch.Tensor) -> torch.Tensor:
     return X
 
 
-def cuda_path(s, C, acc64, input_dtype=None) -> str:
+def cuda_path(s, C, acc64, input_dtype=None, policy_path: str = "auto") -> str:
     """'mma' or 'scalar' for a CUDA chunked call (see the module docstring).
 
-    ``input_dtype``: the dtype the inputs were materialized in (None: unknown, taken as fp32).
+    ``input_dtype``: the dtype the inputs were materialized in (None: unknown, taken as fp32);
+    ``policy_path``: the policy's ``cuda_path`` (its default ``auto`` may be replaced by
+    ``WORKBENCH_GDN_CUDA_PATH``).
     """
-    want = os.environ.get("WORKBENCH_GDN_CUDA_PATH", "auto").strip().lower() or "auto"
+    want, source = policy_path, f"policy.cuda_path={policy_path!r}"
+    if want == "auto" and os.environ.get(PATH_ENV, "").strip():
+        want, source = os.environ[PATH_ENV].strip().lower(), f"{PATH_ENV}={os.environ[PATH_ENV].strip()!r}"
     if want not in PATHS:
-        raise KernelArgumentError(f"WORKBENCH_GDN_CUDA_PATH: expected one of {PATHS}, got {want!r}",
-                                  key="backend", fix="unset it or use auto, mma or scalar")
+        raise PolicyError(f"{source}: expected one of {PATHS}", key="cuda_path",
+                          fix=f"unset {PATH_ENV} or use auto, mma or scalar")
     fits = mma_fits(s, C, acc64)
     if want == "mma" and not fits:
-        raise KernelArgumentError(
-            f"WORKBENCH_GDN_CUDA_PATH=mma: the tensor-core path needs chunk_size 64, fp32 "
+        raise PolicyError(
+            f"{source}: the tensor-core path needs chunk_size 64, fp32 "
             f"accumulators, K in {MMA_K} and V in {MMA_V}; got chunk {C}, "
-            f"K={s.K}, V={s.V}, accum {'fp64' if acc64 else 'fp32'}", key="backend",
-            fix="unset WORKBENCH_GDN_CUDA_PATH (auto falls back to the scalar path)")
+            f"K={s.K}, V={s.V}, accum {'fp64' if acc64 else 'fp32'}", key="cuda_path",
+            fix="use cuda_path='auto' (it falls back to the scalar path) or 'scalar'")
     if want == "auto":
         want = "mma" if fits and input_dtype in (torch.bfloat16, torch.float16) else "scalar"
     return want
@@ -145,7 +156,12 @@ def staged(op, q, k, v, g, beta, scale=None, initial_state=None, qk_l2norm=False
     acc64 = int(p.accum_dtype == "fp64")
     path = "scalar"
     if op == "chunked" and tensors[0].is_cuda:
-        path = cuda_path(s, C, acc64, torch_dtype(p.input_dtype) if p.input_dtype else q.dtype)
+        path = cuda_path(s, C, acc64, torch_dtype(p.input_dtype) if p.input_dtype else q.dtype, p.cuda_path)
+    elif p.cuda_path == "mma":
+        raise PolicyError(f"policy.cuda_path='mma': the tensor-core path exists for the CUDA chunked form only, "
+                          f"not for {op} on {tensors[0].device.type} tensors", key="cuda_path",
+                          fix="use cuda_path='auto' or 'scalar'")
+    note_path(path)
     if not (path == "mma" and tensors[0].dtype in (torch.bfloat16, torch.float16)):
         tensors = (*(x.to(torch.float32).contiguous() for x in tensors[:3]), *tensors[3:])
     if qk_l2norm and path != "mma":
@@ -220,7 +236,7 @@ def launch(op, s, C, acc64, tensors, state, o, path="scalar", qk_l2norm=False):
                                           s.scale, MMA_IN[q.dtype], MMA_OUT[o.dtype], *extra)
             if rc != 0:
                 raise BackendUnavailableError(f"native gdn chunked (cuda, mma) failed with code {rc}",
-                                              key="backend", fix="WORKBENCH_GDN_CUDA_PATH=scalar")
+                                              key="backend", fix="policy cuda_path='scalar'")
             return
         rc = getattr(lib, f"gdn_chunked_{kind}")(*ptrs, *(w.data_ptr() for w in ws), *dims,
                                                  s.scale, C, acc64, *extra)

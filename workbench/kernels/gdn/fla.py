@@ -14,14 +14,16 @@ from functools import lru_cache
 
 import torch
 
-from workbench.errors import KernelArgumentError
 # the helper ops run through the torch implementation (same keyword signatures)
-from workbench.kernels.gdn._checks import check_gdn, resolve_chunk
-from workbench.numerics.policy import resolve_policy
+from workbench.kernels.gdn._checks import check_gdn
 
 # the ops this backend implements itself; the helper ops (gates, conv, gated norm) are torch's
 # or the oracle's, reached through fallback= (workbench.kernels.registry.get_op)
 OPS = ("recurrent", "chunked")
+# what fla's kernels do, fixed inside them (the dispatcher refuses other values): float32 state
+# and accumulators, chunks of 64, inputs and outputs in v's dtype
+KNOBS = {"input_dtype": (None,), "output_dtype": (None,), "accum_dtype": ("fp32",), "state_dtype": ("fp32",),
+         "chunk_size": (64,), "cuda_path": ("auto",)}
 
 __all__ = ["recurrent", "chunked", "is_available"]
 
@@ -52,32 +54,12 @@ def _version() -> str:
         return "?"
 
 
-def _check_policy(policy, chunk_size=None):
-    p = resolve_policy(policy)
-    fixed = dict(state_dtype="fp32", accum_dtype="fp32")
-    for knob, want in fixed.items():
-        if getattr(p, knob) != want:
-            raise KernelArgumentError(
-                f"policy.{knob}: expected {want!r} (fixed inside fla's kernels), got {getattr(p, knob)!r}",
-                key="policy", fix="use backend='torch' to emulate other rounding points")
-    if p.input_dtype is not None or p.output_dtype is not None:
-        raise KernelArgumentError(
-            "policy.input_dtype/output_dtype: expected None for backend 'fla' (it reads and writes "
-            f"the dtype of v), got {p.input_dtype!r}/{p.output_dtype!r}", key="policy",
-            fix="cast the inputs yourself, or use backend='torch'")
-    if chunk_size is not None and resolve_chunk(chunk_size, p) != 64:
-        raise KernelArgumentError(f"chunk_size: expected 64 (fla's chunk), got {chunk_size}",
-                                  key="chunk_size", fix="use backend='torch' for other chunk sizes")
-    return p
-
-
 def _state(initial_state):
     return None if initial_state is None else initial_state.to(torch.float32).contiguous()
 
 
 def recurrent(q, k, v, g, beta, *, scale=None, initial_state=None, qk_l2norm=False, policy=None):
     s = check_gdn(q, k, v, g, beta, scale, initial_state)
-    _check_policy(policy)
     _, fused = _fla()
     o, st = fused(q=q, k=k, v=v, g=g.float(), beta=beta.to(q.dtype), scale=s.scale,
                   initial_state=_state(initial_state), output_final_state=True,
@@ -88,7 +70,6 @@ def recurrent(q, k, v, g, beta, *, scale=None, initial_state=None, qk_l2norm=Fal
 def chunked(q, k, v, g, beta, *, scale=None, initial_state=None, qk_l2norm=False,
             chunk_size=None, policy=None):
     s = check_gdn(q, k, v, g, beta, scale, initial_state)
-    _check_policy(policy, chunk_size)
     chunk, _ = _fla()
     o, st = chunk(q=q, k=k, v=v, g=g.float(), beta=beta.to(q.dtype), scale=s.scale,
                   initial_state=_state(initial_state), output_final_state=True,

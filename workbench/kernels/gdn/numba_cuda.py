@@ -31,6 +31,7 @@ import torch
 from workbench.errors import KernelArgumentError
 # the helper ops run through the torch implementation (same keyword signatures)
 from workbench.kernels.gdn._launch import stage
+from workbench.kernels.registry import note_path
 
 try:  # kernels must see the module-level ``cuda``: the simulator swaps it in their globals
     from numba import cuda, float32
@@ -47,6 +48,10 @@ __all__ = ["recurrent", "chunked", "is_available",
 
 NS = 4                 # K slices per value column in the recurrent kernels
 MAX_CHUNK = 64
+# the policy values it honours (the dispatcher refuses others): float32 state and accumulators,
+# chunks up to MAX_CHUNK, CUDA cores only
+KNOBS = {"input_dtype": None, "output_dtype": None, "accum_dtype": ("fp32",), "state_dtype": ("fp32",),
+         "chunk_size": range(1, MAX_CHUNK + 1), "cuda_path": ("auto", "scalar")}
 SMEM_LIMIT = 48 * 1024  # numba's static shared memory per block
 
 
@@ -62,7 +67,7 @@ def is_available() -> tuple[bool, str]:
         return True, "numba CUDA simulator (NUMBA_ENABLE_CUDASIM=1): CPU tensors, tiny shapes only"
     try:
         ok = cuda.is_available()
-    except Exception as e:  # pragma: no cover - driver problems
+    except Exception:  # pragma: no cover - driver problems
         ok = False
     if not ok:
         return False, ("no CUDA GPU visible to numba (numba.cuda.is_available() is False); run on "
@@ -423,12 +428,8 @@ def launch(name, s, C, tensors, state, o):
 
 def _run(op, q, k, v, g, beta, scale, initial_state, qk_l2norm, policy, chunk_size=None):
     s, p, C, tensors, state, out = stage("numba", q, k, v, g, beta, scale, initial_state,
-                                         qk_l2norm, policy, chunk_size,
-                                         max_chunk=MAX_CHUNK if op == "chunked" else None)
-    if p.accum_dtype != "fp32":
-        raise KernelArgumentError(
-            f"policy.accum_dtype: expected 'fp32' for backend 'numba', got {p.accum_dtype!r}",
-            key="policy", fix="use backend='ext' or 'torch' for fp64 accumulation")
+                                         qk_l2norm, policy, chunk_size)
+    note_path("scalar")
     if not tensors[0].is_cuda and not _simulator():
         raise KernelArgumentError(
             f"q: expected CUDA tensors for backend 'numba', got device {tensors[0].device}",

@@ -24,6 +24,8 @@ from workbench.numerics.dtypes import torch_dtype
 from workbench.numerics.policy import resolve_policy
 
 OPS = ("recurrent", "chunked", "gates", "causal_conv1d", "gated_rmsnorm")
+# it honours every value of every GDN knob but the native kernels' cuda_path
+KNOBS = {"input_dtype": None, "accum_dtype": None, "state_dtype": None, "output_dtype": None, "chunk_size": None}
 
 __all__ = ["recurrent", "chunked", "gates", "causal_conv1d", "gated_rmsnorm", "is_available"]
 

@@ -7,12 +7,14 @@ from dataclasses import dataclass
 import torch
 
 from workbench.errors import KernelArgumentError
-from workbench.kernels.registry import get_backend
+from workbench.kernels.registry import call, register_knobs
 from workbench.numerics.dtypes import canonical
 from workbench.numerics.policy import resolve_policy
 
 __all__ = ["splitk_matmul", "batch_invariance", "BatchInvariance"]
 
+# the policy knobs split-K GEMM reads; each backend's KNOBS says which values it honours
+register_knobs("gemm", ("splitk", "partial_dtype", "reduction_order", "cuda_path"))
 _PARTIALS = ("fp32", "bf16", "fp16")
 _OUTS = ("fp32", "bf16", "fp16")
 
@@ -78,8 +80,10 @@ def splitk_matmul(x, w, *, splits=None, partial_dtype=None, order=None, out_dtyp
     _choice("order", order, ("sequential", "tree"))
     out_dtype = canonical(x.dtype) if out_dtype is None else canonical(out_dtype)
     _choice("out_dtype", out_dtype, _OUTS)
-    return get_backend("gemm", backend).splitk_matmul(x, w, splits=splits, partial_dtype=partial_dtype,
-                                                       order=order, out_dtype=out_dtype, policy=policy)
+    # the explicit arguments are the policy's knobs for this call: checked with it, once
+    return call("gemm", backend, "splitk_matmul", x, w, splits=splits, partial_dtype=partial_dtype, order=order,
+                out_dtype=out_dtype, policy=policy,
+                knobs={"splitk": splits, "partial_dtype": partial_dtype, "reduction_order": order})
 
 
 @dataclass(frozen=True)

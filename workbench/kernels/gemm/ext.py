@@ -8,9 +8,10 @@ would hold); at most 64 splits; the CUDA kernel takes M in chunks of 16 rows.
 On GPU tensors the CUDA build has two partial kernels (``gemm_cuda.cu``): ``splitk_mma_kernel``
 (tensor cores, mma.sync m16n8k16 with fp32 results) and ``splitk_partials_kernel`` (CUDA cores,
 plain fp32 multiply and add). The path is chosen automatically: tensor cores for bf16/fp16
-inputs, CUDA cores for fp32 inputs. The environment variable ``WORKBENCH_GEMM_CUDA_PATH``
-(read at every call) overrides it: ``auto`` (default), ``scalar`` (CUDA cores for every dtype) or
-``mma`` (tensor cores; an error for fp32 inputs). Both keep the split-K contract: slices of
+inputs, CUDA cores for fp32 inputs. The policy knob ``cuda_path`` chooses: ``auto`` (default),
+``scalar`` (CUDA cores for every dtype) or ``mma`` (tensor cores; refused for fp32 inputs); the
+environment variable ``WORKBENCH_GEMM_CUDA_PATH`` (read at every call) replaces its default
+``auto`` only. The path taken is noted with the call (``workbench.kernels.registry.kernel_log``). Both keep the split-K contract: slices of
 ``ceil(K / splits)`` columns, each summed in fp32, rounded once to ``partial_dtype``, the partials
 reduced in ``order``. On the tensor-core path the order of accumulation inside a slice is the
 hardware's (16-product blocks, see docs/kernels/gemm.md), not the CPU build's k-ascending loop.
@@ -24,11 +25,16 @@ from functools import lru_cache
 
 import torch
 
-from workbench.errors import BackendUnavailableError
+from workbench.errors import BackendUnavailableError, PolicyError
 from workbench.kernels import _native
+from workbench.kernels.registry import note_path
 from workbench.numerics.dtypes import canonical, torch_dtype
+from workbench.numerics.policy import resolve_policy
 
 OPS = ("splitk_matmul",)
+# the policy values it honours (the dispatcher refuses others): up to 64 slices, fp32/bf16/fp16 partials
+KNOBS = {"splitk": range(1, 65), "partial_dtype": ("fp32", "bf16", "fp16"), "reduction_order": None,
+         "cuda_path": ("auto", "scalar", "mma")}
 
 __all__ = ["splitk_matmul", "is_available", "cuda_path", "PATH_ENV"]
 
@@ -38,17 +44,20 @@ PATH_ENV = "WORKBENCH_GEMM_CUDA_PATH"
 _PATHS = {"auto": 0, "scalar": 1, "mma": 2}
 
 
-def cuda_path(dtype) -> str:
+def cuda_path(dtype, policy_path: str = "auto") -> str:
     """The CUDA partial kernel a GPU call with inputs of ``dtype`` uses: ``"mma"`` (tensor cores)
-    or ``"scalar"`` (CUDA cores), after ``WORKBENCH_GEMM_CUDA_PATH``."""
-    want = os.environ.get(PATH_ENV, "auto").strip().lower() or "auto"
+    or ``"scalar"`` (CUDA cores), from the policy's ``cuda_path`` (whose default ``auto``
+    ``WORKBENCH_GEMM_CUDA_PATH`` may replace)."""
+    want, source = policy_path, f"policy.cuda_path={policy_path!r}"
+    if want == "auto" and os.environ.get(PATH_ENV, "").strip():
+        want, source = os.environ[PATH_ENV].strip().lower(), f"{PATH_ENV}={os.environ[PATH_ENV].strip()!r}"
     if want not in _PATHS:
-        raise BackendUnavailableError(f"{PATH_ENV} must be one of {list(_PATHS)}, got {want!r}", key="backend",
-                                      fix=f"unset {PATH_ENV} or set it to auto, scalar or mma")
+        raise PolicyError(f"{source}: must be one of {list(_PATHS)}", key="cuda_path",
+                          fix=f"unset {PATH_ENV} or set it to auto, scalar or mma")
     dt = canonical(dtype)
     if want == "mma" and dt == "fp32":
-        raise BackendUnavailableError(f"{PATH_ENV}=mma needs bf16 or fp16 inputs, got fp32", key="backend",
-                                      fix=f"unset {PATH_ENV} (fp32 inputs run on CUDA cores) or pass bf16/fp16")
+        raise PolicyError(f"{source}: the tensor-core path needs bf16 or fp16 inputs, got fp32", key="cuda_path",
+                          fix="use cuda_path='auto' (fp32 inputs run on CUDA cores) or pass bf16/fp16")
     if want == "auto":
         return "scalar" if dt == "fp32" else "mma"
     return want
@@ -74,12 +83,9 @@ def _p(t):
     return ctypes.c_void_p(t.data_ptr())
 
 
-def _launch(x, w, splits, partial_dtype, order):
+def _launch(x, w, splits, partial_dtype, order, policy_path="auto"):
     M, K = x.shape
     N = w.shape[0]
-    if splits > 64:
-        raise BackendUnavailableError(f"gemm ext supports at most 64 splits, got {splits}", key="backend",
-                                      fix="use backend='torch' for more splits")
     # the CUDA kernel reads 16-byte vectors: give it fresh (aligned) storage for offset views
     x, w = (t.contiguous() for t in (x, w))
     x, w = (t if t.data_ptr() % 16 == 0 else t.clone() for t in (x, w))
@@ -87,7 +93,9 @@ def _launch(x, w, splits, partial_dtype, order):
     y = torch.empty(M, N, dtype=torch.float32, device=x.device)
     if x.is_cuda:
         stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
-        path = _PATHS[cuda_path(x.dtype)]
+        chosen = cuda_path(x.dtype, policy_path)
+        note_path(chosen)
+        path = _PATHS[chosen]
         # one slice: the kernel writes the (rounded) partial straight into y
         parts = torch.empty(splits if splits > 1 else 0, min(M, 16), N, dtype=torch.float32, device=x.device)
         for m0 in range(0, M, 16):
@@ -99,6 +107,10 @@ def _launch(x, w, splits, partial_dtype, order):
                 raise BackendUnavailableError(f"split-K CUDA launch failed with code {rc}", key="backend",
                                               fix="use backend='torch'")
     else:
+        if policy_path == "mma":
+            raise PolicyError("policy.cuda_path='mma': the tensor-core path is the CUDA build's; these are CPU "
+                              "tensors", key="cuda_path", fix="use cuda_path='auto' or 'scalar'")
+        note_path("cpu")
         parts = torch.empty(splits, M, N, dtype=torch.float32)
         lib = _lib("cpu")
         lib.splitk_partials_cpu(_p(x), _p(w), *map(ctypes.c_int, (M, N, K, splits, dt, pdt)), _p(parts))
@@ -107,4 +119,4 @@ def _launch(x, w, splits, partial_dtype, order):
 
 
 def splitk_matmul(x, w, *, splits=None, partial_dtype=None, order=None, out_dtype=None, policy=None):
-    return _launch(x, w, splits, partial_dtype, order).to(torch_dtype(out_dtype))
+    return _launch(x, w, splits, partial_dtype, order, resolve_policy(policy).cuda_path).to(torch_dtype(out_dtype))

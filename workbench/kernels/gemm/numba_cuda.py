@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from numba import cuda, float32, int32
+from numba import cuda, float32
 
 from workbench.errors import BackendUnavailableError
 from workbench.kernels.qsa.numba_cuda import _ld, _round, _simulated, _stream, is_available
@@ -24,6 +24,9 @@ OPS = ("splitk_matmul",)
 __all__ = ["splitk_matmul", "is_available", "SIGNATURES", "selfcheck"]
 
 MAXM, WARPS, TPB, SHW, TREE = 16, 8, 256, 4096, 64
+# the policy values it honours (the dispatcher refuses others): up to TREE slices, CUDA cores only
+KNOBS = {"splitk": range(1, TREE + 1), "partial_dtype": ("fp32", "bf16", "fp16"), "reduction_order": None,
+         "cuda_path": ("auto", "scalar")}
 _DT = {"fp32": 0, "bf16": 1, "fp16": 2}
 
 
@@ -113,9 +116,6 @@ def _launch(x, w, splits, partial_dtype, order):
     N = w.shape[0]
     if not (x.is_cuda or _simulated()):
         raise BackendUnavailableError("gemm numba runs on CUDA tensors", key="backend", fix="move x and w with .cuda()")
-    if splits > TREE:
-        raise BackendUnavailableError(f"gemm numba supports at most {TREE} splits, got {splits}", key="backend",
-                                      fix="use backend='torch'")
     y = torch.empty(M, N, dtype=torch.float32, device=x.device)
     parts = torch.empty(splits * min(M, MAXM) * N, dtype=torch.float32, device=x.device)
     st = _stream()

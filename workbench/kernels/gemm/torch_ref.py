@@ -18,6 +18,8 @@ from workbench.kernels.gemm.oracle import slice_bounds
 from workbench.numerics.dtypes import torch_dtype
 
 OPS = ("splitk_matmul",)
+# every value of the split-K knobs (torch has no native CUDA path choice)
+KNOBS = {"splitk": None, "partial_dtype": None, "reduction_order": None}
 
 __all__ = ["splitk_matmul", "splitk_partials", "slice_product", "reduce_partials", "is_available"]
 

@@ -3,7 +3,6 @@ dtypes applied around a kernel launch that reads q/k/v as given and returns floa
 
 from __future__ import annotations
 
-import torch
 
 from workbench.kernels.qsa.paged import unpack_cache
 from workbench.numerics.dtypes import torch_dtype

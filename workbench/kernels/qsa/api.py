@@ -14,14 +14,18 @@ import torch
 
 from workbench.errors import KernelArgumentError
 from workbench.kernels.qsa.paged import check_decode_args, unpack_cache
-from workbench.kernels.registry import get_op
+from workbench.kernels.registry import call, register_knobs
 from workbench.numerics.policy import resolve_policy
 
 __all__ = ["block_keys", "index_scores", "select", "sparse_decode", "merge_states", "output_gate"]
 
 
-def _op(backend: str, name: str, fallback: str | None = None):
-    return get_op("qsa", backend, name, fallback=fallback)
+# the policy knobs each QSA op reads; each backend's KNOBS says which values it honours
+_DECODE = ("input_dtype", "accum_dtype", "prob_dtype", "output_dtype", "partition_size", "num_kv_splits",
+           "page_order")
+register_knobs("qsa", {"block_keys": ("accum_dtype",), "index_scores": ("accum_dtype",), "select": (),
+                       "sparse_decode": _DECODE, "merge_states": ("accum_dtype",),
+                       "output_gate": ("output_dtype", "gate_round_output")})
 
 
 def _tensor(name, t, ndim, shape_doc):
@@ -61,7 +65,7 @@ def block_keys(k, *, ratio=4, norm=None, policy=None, backend="torch", fallback=
     """
     _tensor("k", k, 3, "[B, T, D]")
     _posint("ratio", ratio)
-    return _op(backend, "block_keys", fallback)(k, ratio=ratio, norm=norm, policy=policy)
+    return call("qsa", backend, "block_keys", k, ratio=ratio, norm=norm, policy=policy, fallback=fallback)
 
 
 def index_scores(q_index, block_keys, *, pos, ratio=4, policy=None, backend="torch", fallback=None):
@@ -90,7 +94,8 @@ def index_scores(q_index, block_keys, *, pos, ratio=4, policy=None, backend="tor
         raise KernelArgumentError(
             f"block_keys must be [B={q_index.shape[0]}, NB, D={q_index.shape[2]}] to match q_index, "
             f"got {tuple(block_keys.shape)}", key="block_keys", fix="use keys of the same batch and dim")
-    return _op(backend, "index_scores", fallback)(q_index, block_keys, pos=pos, ratio=ratio, policy=policy)
+    return call("qsa", backend, "index_scores", q_index, block_keys, pos=pos, ratio=ratio, policy=policy,
+                fallback=fallback)
 
 
 def select(scores, *, budget, ratio=4, pos, seqlen=None, order="topk", backend="torch", fallback=None):
@@ -126,7 +131,8 @@ def select(scores, *, budget, ratio=4, pos, seqlen=None, order="topk", backend="
     if order not in ("topk", "logical"):
         raise KernelArgumentError(f"order must be one of ['topk', 'logical'], got {order!r}", key="order",
                                   fix="pass order='topk' or order='logical'")
-    return _op(backend, "select", fallback)(scores, budget=budget, ratio=ratio, pos=pos, seqlen=seqlen, order=order)
+    return call("qsa", backend, "select", scores, budget=budget, ratio=ratio, pos=pos, seqlen=seqlen, order=order,
+                fallback=fallback)
 
 
 def sparse_decode(q, kv_cache, block_table, indices, *, scale=None, num_splits=None, policy=None,
@@ -162,11 +168,10 @@ def sparse_decode(q, kv_cache, block_table, indices, *, scale=None, num_splits=N
     >>> o, lse = sparse_decode(torch.randn(1, 4, 16), cache, cache.block_table, idx, num_splits=2)
     """
     k_cache, v_cache = unpack_cache(kv_cache)
-    policy = resolve_policy(policy)
     check_decode_args(q, k_cache, v_cache, block_table, indices,
-                      policy.num_kv_splits if num_splits is None else num_splits)
-    return _op(backend, "sparse_decode")(q, (k_cache, v_cache), block_table, indices, scale=scale,
-                                         num_splits=num_splits, policy=policy)
+                      resolve_policy(policy).num_kv_splits if num_splits is None else num_splits)
+    return call("qsa", backend, "sparse_decode", q, (k_cache, v_cache), block_table, indices, scale=scale,
+                num_splits=num_splits, policy=policy, knobs={"num_kv_splits": num_splits})
 
 
 def merge_states(o_parts, lse_parts, *, policy=None, backend="torch"):
@@ -196,7 +201,7 @@ def merge_states(o_parts, lse_parts, *, policy=None, backend="torch"):
         raise KernelArgumentError(f"lse_parts must have shape o_parts.shape[:-1] = {tuple(o_parts.shape[:-1])}, "
                                   f"got {tuple(lse_parts.shape)}", key="lse_parts",
                                   fix="pass one LSE per partial output row")
-    return _op(backend, "merge_states")(o_parts, lse_parts, policy=policy)
+    return call("qsa", backend, "merge_states", o_parts, lse_parts, policy=policy)
 
 
 def output_gate(o, gate, *, policy=None, backend="torch", fallback=None):
@@ -223,4 +228,4 @@ def output_gate(o, gate, *, policy=None, backend="torch", fallback=None):
     if o.shape != gate.shape:
         raise KernelArgumentError(f"gate must have o's shape {tuple(o.shape)}, got {tuple(gate.shape)}",
                                   key="gate", fix="pass one gate logit per output element")
-    return _op(backend, "output_gate", fallback)(o, gate, policy=policy)
+    return call("qsa", backend, "output_gate", o, gate, policy=policy, fallback=fallback)

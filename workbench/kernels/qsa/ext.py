@@ -31,6 +31,10 @@ from workbench.numerics.dtypes import canonical
 from workbench.numerics.policy import resolve_policy
 
 OPS = ("sparse_decode", "merge_states")
+# the policy values it honours (the dispatcher refuses others): fp32 accumulators, probabilities
+# rounded to fp32/fp16/bf16; the other decode knobs any value
+KNOBS = {"input_dtype": None, "output_dtype": None, "accum_dtype": ("fp32",), "prob_dtype": ("fp32", "fp16", "bf16"),
+         "partition_size": None, "num_kv_splits": None, "page_order": None}
 
 __all__ = ["sparse_decode", "merge_states", "is_available", "cuda_launch"]
 
@@ -120,15 +124,6 @@ def _stream():
     return ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
 
 
-def _check_policy(policy):
-    if policy.accum_dtype != "fp32":
-        raise BackendUnavailableError(f"qsa ext accumulates in fp32 only, policy asks accum_dtype={policy.accum_dtype!r}",
-                                      key="backend", fix="use backend='torch' for fp64 accumulation")
-    if policy.prob_dtype not in _DT:
-        raise BackendUnavailableError(f"qsa ext cannot round probabilities to {policy.prob_dtype!r}", key="backend",
-                                      fix="use prob_dtype fp32, fp16 or bf16, or backend='torch'")
-
-
 def _launch(q, k, v, block_table, indices, scale, num_splits, policy):
     B, HQ, D = q.shape
     _, ps, HKV, _ = k.shape
@@ -177,12 +172,10 @@ def _launch(q, k, v, block_table, indices, scale, num_splits, policy):
 
 def sparse_decode(q, kv_cache, block_table, indices, *, scale=None, num_splits=None, policy=None):
     policy = resolve_policy(policy)
-    _check_policy(policy)
     return decode_with_io_policy(_launch, q, kv_cache, block_table, indices, scale, num_splits, policy)
 
 
 def merge_states(o_parts, lse_parts, *, policy=None):
-    _check_policy(resolve_policy(policy))
     *lead, S, D = o_parts.shape
     rows = math.prod(lead)
     op = o_parts.float().contiguous()

@@ -28,6 +28,10 @@ from workbench.numerics.dtypes import canonical, torch_dtype
 from workbench.numerics.policy import resolve_policy
 
 OPS = ("sparse_decode", "merge_states")
+# the policy values it honours (the dispatcher refuses others): fp32 accumulators, probabilities
+# rounded to fp32/fp16/bf16; the other decode knobs any value
+KNOBS = {"input_dtype": None, "output_dtype": None, "accum_dtype": ("fp32",), "prob_dtype": ("fp32", "fp16", "bf16"),
+         "partition_size": None, "num_kv_splits": None, "page_order": None}
 
 __all__ = ["sparse_decode", "merge_states", "is_available", "SIGNATURES", "selfcheck"]
 
@@ -222,13 +226,6 @@ def _stream():
     return cuda.external_stream(torch.cuda.current_stream().cuda_stream)
 
 
-def _check(policy):
-    if policy.accum_dtype != "fp32" or policy.prob_dtype not in ("fp32", "fp16", "bf16"):
-        raise BackendUnavailableError(
-            f"qsa numba supports accum_dtype fp32 and prob_dtype fp32/fp16/bf16, got {policy.accum_dtype}/"
-            f"{policy.prob_dtype}", key="backend", fix="use backend='torch'")
-
-
 def _launch(q, k, v, block_table, indices, scale, num_splits, policy, threads=256):
     B, HQ, D = q.shape
     _, ps, HKV, _ = k.shape
@@ -265,7 +262,6 @@ def _launch(q, k, v, block_table, indices, scale, num_splits, policy, threads=25
 
 def sparse_decode(q, kv_cache, block_table, indices, *, scale=None, num_splits=None, policy=None):
     policy = resolve_policy(policy)
-    _check(policy)
     if canonical(q.dtype) not in _DT:
         raise BackendUnavailableError(f"qsa numba reads fp32/bf16/fp16, got {q.dtype}", key="backend",
                                       fix="use backend='torch'")
@@ -273,7 +269,6 @@ def sparse_decode(q, kv_cache, block_table, indices, *, scale=None, num_splits=N
 
 
 def merge_states(o_parts, lse_parts, *, policy=None):
-    _check(resolve_policy(policy))
     *lead, S, D = o_parts.shape
     rows = math.prod(lead)
     o = torch.empty(rows * D, dtype=torch.float32, device=o_parts.device)

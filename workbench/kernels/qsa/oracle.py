@@ -14,6 +14,8 @@ from workbench.kernels.qsa._select import select_tokens
 from workbench.kernels.qsa.paged import unpack_cache, visit_slots
 
 OPS = ("block_keys", "index_scores", "select", "sparse_decode", "merge_states", "output_gate")
+# float64 throughout: the numerics policy does not apply (the truth every policy is judged against)
+KNOBS = None
 
 __all__ = ["block_keys", "index_scores", "select", "sparse_decode", "merge_states", "output_gate",
            "is_available"]

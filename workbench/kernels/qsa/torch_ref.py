@@ -20,6 +20,9 @@ from workbench.numerics.dtypes import torch_dtype
 from workbench.numerics.policy import resolve_policy
 
 OPS = ("block_keys", "index_scores", "select", "sparse_decode", "merge_states", "output_gate")
+# every value of every QSA knob
+KNOBS = {k: None for k in ("input_dtype", "accum_dtype", "prob_dtype", "output_dtype", "partition_size",
+                           "num_kv_splits", "page_order", "gate_round_output")}
 
 __all__ = ["block_keys", "index_scores", "select", "sparse_decode", "merge_states", "output_gate",
            "is_available", "split_layout"]
