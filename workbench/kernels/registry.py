@@ -34,7 +34,7 @@ from workbench.errors import BackendUnavailableError, UnknownBackendError
 from workbench.plugins import Registry
 
 __all__ = ["register_backend", "register_knobs", "get_backend", "get_op", "implemented_ops", "backends",
-           "fallbacks", "call", "check_policy", "honoured_knobs", "note_path", "kernel_log", "KernelLog",
+           "fallbacks", "call", "check_policy", "honoured_knobs", "devices", "note_path", "kernel_log", "KernelLog",
            "BackendInfo", "BackendFallbackWarning", "REGISTRY"]
 
 
@@ -190,7 +190,7 @@ def fallbacks() -> list[dict]:
 def backends(family: str, *, by_op: bool = False) -> pd.DataFrame:
     """Every backend of ``family`` with its availability, the reason and the ops it implements.
 
-    Returns a DataFrame with columns name, available, reason, ops, knobs (the values of each of
+    Returns a DataFrame with columns name, available, reason, ops, devices, knobs (the values of each of
     the family's policy knobs the backend honours: "any" or a list), module, description; with
     ``by_op=True`` one row per (op, backend): op, name, implemented, available, reason.
     """
@@ -199,11 +199,13 @@ def backends(family: str, *, by_op: bool = False) -> pd.DataFrame:
         mod, ok, reason = _probe(info)
         knobs = honoured_knobs(family, name)
         rows.append(dict(name=name, available=ok, reason=reason, ops=list(_module_ops(mod)),
+                         devices=list(getattr(mod, "DEVICES", ("cpu", "cuda"))),
                          knobs="policy does not apply (FP64 truth)" if knobs is None else
                          {k: ("any" if v is None else _text(v) if isinstance(v, range) else list(v))
                           for k, v in knobs.items()},
                          module=info.module, description=info.description))
-    df = pd.DataFrame(rows, columns=["name", "available", "reason", "ops", "knobs", "module", "description"])
+    df = pd.DataFrame(rows, columns=["name", "available", "reason", "ops", "devices", "knobs", "module",
+                                     "description"])
     if not by_op:
         return df
     all_ops = list(dict.fromkeys(o for r in rows for o in r["ops"]))
@@ -283,6 +285,13 @@ def check_policy(family: str, name: str, policy, op: str | None = None) -> None:
                 f"{family} backend {name!r} does not honour policy.{knob}={v!r} (it honours {_text(values)}); "
                 f"backends that do: {who}", key=knob,
                 fix=(f"pass backend= one of {who}, or " if who else "") + f"set {knob}= one of {_text(values)}")
+
+
+def devices(family: str, name: str) -> tuple[str, ...]:
+    """The torch device types backend ``name`` runs on (its module's ``DEVICES``; default cpu and cuda)."""
+    fam = _family(family)
+    mod = _import(fam[name]) if name in fam else None
+    return tuple(getattr(mod, "DEVICES", ("cpu", "cuda")))
 
 
 def _honours(family: str, name: str, op: str | None, knob: str, value) -> bool:

@@ -1,7 +1,6 @@
 import pytest
 import torch
 
-import workbench
 from workbench.kernels import qsa
 from workbench.kernels.qsa.problems import decode_problem
 from workbench.numerics import Policy
@@ -32,15 +31,13 @@ def test_every_kernel_signature_compiles_to_ptx_for_sm90():
 @pytest.mark.gpu
 @pytest.mark.parametrize("B", [1, 8, 16], ids=lambda b: f"B{b}-HQ24-HKV2-D256")
 @pytest.mark.parametrize("prob", ["fp32", "fp16"], ids=lambda p: f"{p}prob")
-def test_gpu_matches_oracle_at_real_shapes(B, prob):
+def test_gpu_relocation_is_bit_identical_in_logical_order_only(B, prob):
+    # (against the oracle at these shapes: tests/kernels/test_conformance.py)
     pb = decode_problem(B=B, HQ=24, HKV=2, D=256, seqlen=4096, budget=2048)
-    ro, rlse = qsa.sparse_decode(pb.q, pb.cache, pb.cache.block_table, pb.indices, backend="oracle")
     g = pb.to("cuda")
     for order in ("logical", "physical"):
         pol = Policy(prob_dtype=prob, num_kv_splits=8, page_order=order)
         o, lse = qsa.sparse_decode(g.q, g.cache, g.cache.block_table, g.indices, policy=pol, backend="numba")
-        assert workbench.compare(ro, o.cpu()).rel_l2 < (2e-6 if prob == "fp32" else 2e-3)
-        assert workbench.compare(rlse, lse.cpu()).rel_l2 < 1e-6
         moved = g.cache.relocate(seed=3)
         o2, _ = qsa.sparse_decode(g.q, moved, moved.block_table, g.indices, policy=pol, backend="numba")
         assert torch.equal(o, o2) == (order == "logical")

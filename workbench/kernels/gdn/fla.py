@@ -20,6 +20,7 @@ from workbench.kernels.gdn._checks import check_gdn
 # the ops this backend implements itself; the helper ops (gates, conv, gated norm) are torch's
 # or the oracle's, reached through fallback= (workbench.kernels.registry.get_op)
 OPS = ("recurrent", "chunked")
+DEVICES = ("cuda",)  # CUDA tensors
 # what fla's kernels do, fixed inside them (the dispatcher refuses other values): float32 state
 # and accumulators, chunks of 64, inputs and outputs in v's dtype
 KNOBS = {"input_dtype": (None,), "output_dtype": (None,), "accum_dtype": ("fp32",), "state_dtype": ("fp32",),

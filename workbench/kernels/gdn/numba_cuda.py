@@ -42,6 +42,7 @@ except Exception as _e:  # pragma: no cover - is_available() reports it
 # the ops this backend implements itself; the helper ops (gates, conv, gated norm) are torch's
 # or the oracle's, reached through fallback= (workbench.kernels.registry.get_op)
 OPS = ("recurrent", "chunked")
+DEVICES = ("cuda",)  # CUDA tensors (the numba simulator runs CPU tensors, tiny grids, for tests)
 
 __all__ = ["recurrent", "chunked", "is_available",
            "kernel_sources"]

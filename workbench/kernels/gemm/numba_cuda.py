@@ -20,6 +20,7 @@ from workbench.kernels.qsa.numba_cuda import _ld, _round, _simulated, _stream, i
 from workbench.numerics.dtypes import canonical, torch_dtype
 
 OPS = ("splitk_matmul",)
+DEVICES = ("cuda",)  # CUDA tensors (the numba simulator runs CPU tensors, tiny grids, for tests)
 
 __all__ = ["splitk_matmul", "is_available", "SIGNATURES", "selfcheck"]
 

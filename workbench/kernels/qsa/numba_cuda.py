@@ -28,6 +28,7 @@ from workbench.numerics.dtypes import canonical, torch_dtype
 from workbench.numerics.policy import resolve_policy
 
 OPS = ("sparse_decode", "merge_states")
+DEVICES = ("cuda",)  # CUDA tensors (the numba simulator runs CPU tensors, tiny grids, for tests)
 # the policy values it honours (the dispatcher refuses others): fp32 accumulators, probabilities
 # rounded to fp32/fp16/bf16; the other decode knobs any value
 KNOBS = {"input_dtype": None, "output_dtype": None, "accum_dtype": ("fp32",), "prob_dtype": ("fp32", "fp16", "bf16"),
