@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "gdn/gdn_abi.h"
 #include "gdn/gdn_common.h"
 #include "gdn/gdn_mma.h"
 
@@ -64,21 +65,26 @@ void chunked(const float* q, const float* k, const float* v, const float* g, con
 
 extern "C" {
 
-int gdn_recurrent_cpu(const float* q, const float* k, const float* v, const float* g,
-                      const float* beta, float* o, float* state, int B, int T, int H, int HV,
-                      int K, int V, float scale, int acc64) {
-  if (acc64) recurrent<double>(q, k, v, g, beta, o, state, B, T, H, HV, K, V, scale);
-  else recurrent<float>(q, k, v, g, beta, o, state, B, T, H, HV, K, V, scale);
-  return 0;
+// q, k, v, o float32 (GdnArgs); returns WB_OK.
+int gdn_recurrent_cpu(const GdnArgs* a) {
+  const float *q = (const float*)a->q, *k = (const float*)a->k, *v = (const float*)a->v;
+  float* o = (float*)a->o;
+  if (a->acc64) recurrent<double>(q, k, v, a->g, a->beta, o, a->state, a->B, a->T, a->H, a->HV, a->K, a->V, a->scale);
+  else recurrent<float>(q, k, v, a->g, a->beta, o, a->state, a->B, a->T, a->H, a->HV, a->K, a->V, a->scale);
+  return WB_OK;
 }
 
-// gcum [B,HV,T], W [B,HV,T,K], U [B,HV,T,V]: float32 workspace provided by the caller.
-int gdn_chunked_cpu(const float* q, const float* k, const float* v, const float* g,
-                    const float* beta, float* o, float* state, float* gcum, float* W, float* U,
-                    int B, int T, int H, int HV, int K, int V, float scale, int C, int acc64) {
-  if (acc64) chunked<double>(q, k, v, g, beta, o, state, gcum, W, U, B, T, H, HV, K, V, scale, C);
-  else chunked<float>(q, k, v, g, beta, o, state, gcum, W, U, B, T, H, HV, K, V, scale, C);
-  return 0;
+// gcum, W, U: float32 workspace provided by the caller (GdnArgs); returns WB_OK, or WB_ERR_SHAPE
+// for a chunk < 1.
+int gdn_chunked_cpu(const GdnArgs* a) {
+  if (a->chunk < 1) return WB_ERR_SHAPE;
+  const float *q = (const float*)a->q, *k = (const float*)a->k, *v = (const float*)a->v;
+  float* o = (float*)a->o;
+  if (a->acc64) chunked<double>(q, k, v, a->g, a->beta, o, a->state, a->gcum, a->W, a->U, a->B, a->T, a->H, a->HV,
+                                a->K, a->V, a->scale, a->chunk);
+  else chunked<float>(q, k, v, a->g, a->beta, o, a->state, a->gcum, a->W, a->U, a->B, a->T, a->H, a->HV, a->K,
+                      a->V, a->scale, a->chunk);
+  return WB_OK;
 }
 
 // The four 16 x 16 diagonal blocks of (I + A)^-1 for n strictly lower triangular 64 x 64
@@ -92,7 +98,10 @@ int gdn_inverse_diag16_cpu(const float* A, float* X, int n) {
       gdn::inverse_diag16_column(A + (long)b * 4096, 64, o, j, x);
       for (int i = 0; i < 16; ++i) X[(long)b * 4096 + (o + i) * 64 + o + j] = x[i];
     }
-  return 0;
+  return WB_OK;
 }
 
 }  // extern "C"
+
+GDN_ARGS_LAYOUT
+WB_DEFINE_STATUS_NAME

@@ -6,6 +6,7 @@
 // one quarter of the K rows; partial dot products meet in shared memory.
 #include <cuda_runtime.h>
 
+#include "gdn/gdn_abi.h"
 #include "gdn/gdn_common.h"
 
 namespace {
@@ -121,7 +122,7 @@ int launch_recurrent(const float* q, const float* k, const float* v, const float
     break;
   switch (K) {
     GDN_CASE(16) GDN_CASE(32) GDN_CASE(64) GDN_CASE(128) GDN_CASE(256)
-    default: return -1;
+    default: return WB_ERR_SHAPE;
   }
 #undef GDN_CASE
   return (int)cudaGetLastError();
@@ -154,25 +155,32 @@ int launch_chunked(const float* q, const float* k, const float* v, const float* 
 
 extern "C" {
 
-// Returns 0 or a cudaError_t code; -1: K not in {16, 32, 64, 128, 256}.
-int gdn_recurrent_cuda(const float* q, const float* k, const float* v, const float* g,
-                       const float* beta, float* o, float* state, int B, int T, int H, int HV,
-                       int K, int V, float scale, int acc64, void* stream) {
-  auto s = static_cast<cudaStream_t>(stream);
-  return acc64 ? launch_recurrent<double>(q, k, v, g, beta, o, state, B, T, H, HV, K, V, scale, s)
-               : launch_recurrent<float>(q, k, v, g, beta, o, state, B, T, H, HV, K, V, scale, s);
+// q, k, v, o float32 (GdnArgs). Returns WB_OK, a cudaError_t code, or WB_ERR_SHAPE: K not in
+// {16, 32, 64, 128, 256}.
+int gdn_recurrent_cuda(const GdnArgs* a) {
+  auto s = static_cast<cudaStream_t>(a->stream);
+  const float *q = (const float*)a->q, *k = (const float*)a->k, *v = (const float*)a->v;
+  float* o = (float*)a->o;
+  return a->acc64 ? launch_recurrent<double>(q, k, v, a->g, a->beta, o, a->state, a->B, a->T, a->H, a->HV, a->K,
+                                             a->V, a->scale, s)
+                  : launch_recurrent<float>(q, k, v, a->g, a->beta, o, a->state, a->B, a->T, a->H, a->HV, a->K,
+                                            a->V, a->scale, s);
 }
 
-// gcum [B,HV,T], W [B,HV,T,K], U [B,HV,T,V]: float32 device workspace provided by the caller.
-int gdn_chunked_cuda(const float* q, const float* k, const float* v, const float* g,
-                     const float* beta, float* o, float* state, float* gcum, float* W, float* U,
-                     int B, int T, int H, int HV, int K, int V, float scale, int C, int acc64,
-                     void* stream) {
-  auto s = static_cast<cudaStream_t>(stream);
-  return acc64 ? launch_chunked<double>(q, k, v, g, beta, o, state, gcum, W, U, B, T, H, HV, K, V,
-                                        scale, C, s)
-               : launch_chunked<float>(q, k, v, g, beta, o, state, gcum, W, U, B, T, H, HV, K, V,
-                                       scale, C, s);
+// gcum, W, U: float32 device workspace provided by the caller (GdnArgs). Returns WB_OK or a
+// cudaError_t code.
+int gdn_chunked_cuda(const GdnArgs* a) {
+  if (a->chunk < 1) return WB_ERR_SHAPE;
+  auto s = static_cast<cudaStream_t>(a->stream);
+  const float *q = (const float*)a->q, *k = (const float*)a->k, *v = (const float*)a->v;
+  float* o = (float*)a->o;
+  return a->acc64 ? launch_chunked<double>(q, k, v, a->g, a->beta, o, a->state, a->gcum, a->W, a->U, a->B, a->T,
+                                           a->H, a->HV, a->K, a->V, a->scale, a->chunk, s)
+                  : launch_chunked<float>(q, k, v, a->g, a->beta, o, a->state, a->gcum, a->W, a->U, a->B, a->T,
+                                          a->H, a->HV, a->K, a->V, a->scale, a->chunk, s);
 }
 
 }  // extern "C"
+
+GDN_ARGS_LAYOUT
+WB_DEFINE_STATUS_NAME

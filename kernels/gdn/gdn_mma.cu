@@ -44,6 +44,7 @@
 
 #include <type_traits>
 
+#include "gdn/gdn_abi.h"
 #include "gdn/gdn_common.h"
 #include "gdn/gdn_mma.h"
 
@@ -782,7 +783,7 @@ int launch_mma_v(const void* q, const void* k, const void* v, const float* g, co
     case 64: return launch_mma<K, 64, QT>(GDN_MMA_ARGS);
     case 96: return launch_mma<K, 96, QT>(GDN_MMA_ARGS);
     case 128: return launch_mma<K, 128, QT>(GDN_MMA_ARGS);
-    default: return -1;
+    default: return WB_ERR_SHAPE;
   }
 #undef GDN_MMA_ARGS
 }
@@ -811,20 +812,20 @@ int gdn_chunked_mma_supported(int K, int V) {
 // (in_dtype 0), bf16 (1) or fp16 (2), all three alike; g, beta float32. Workspace: gcum
 // [B,HV,T], W [B,HV,T,K], U [B,HV,T,V], O1 [B,HV,T,V], float32, provided by the caller; nq, nk
 // [B,T,H] float32 for the L2 norm of q and k (qk_l2norm; computed here), or both null for none.
-// o_dtype: 0 float32, 1 bf16, 2 fp16 (o's element type). Returns 0, a cudaError_t code, or -1 for
-// a shape gdn_chunked_mma_supported refuses, an unknown dtype code or one norm array alone.
-int gdn_chunked_mma_cuda(const void* q, const void* k, const void* v, const float* g,
-                         const float* beta, void* o, float* state, float* gcum, float* W,
-                         float* U, float* O1, float* nq, float* nk, int B, int T, int H, int HV,
-                         int K, int V, float scale, int in_dtype, int o_dtype, void* stream) {
-  if (!gdn_chunked_mma_supported(K, V) || o_dtype < 0 || o_dtype > 2 || !nq != !nk) return -1;
-  auto s = static_cast<cudaStream_t>(stream);
-#define GDN_MMA_ARGS q, k, v, g, beta, o, state, gcum, W, U, O1, nq, nk, B, T, H, HV, K, V, scale, o_dtype, s
-  switch (in_dtype) {
-    case 0: return launch_mma_k<float>(GDN_MMA_ARGS);
-    case 1: return launch_mma_k<__nv_bfloat16>(GDN_MMA_ARGS);
-    case 2: return launch_mma_k<__half>(GDN_MMA_ARGS);
-    default: return -1;
+// o_dtype: 0 float32, 1 bf16, 2 fp16 (o's element type); GdnArgs.chunk is 64. Returns WB_OK, a
+// cudaError_t code, WB_ERR_SHAPE for a shape gdn_chunked_mma_supported refuses, or
+// WB_ERR_ARGUMENT for an unknown dtype code or one norm array alone.
+int gdn_chunked_mma_cuda(const GdnArgs* a) {
+  if (!gdn_chunked_mma_supported(a->K, a->V) || a->chunk != 64) return WB_ERR_SHAPE;
+  if (a->o_dtype < 0 || a->o_dtype > 2 || !a->nq != !a->nk) return WB_ERR_ARGUMENT;
+  auto s = static_cast<cudaStream_t>(a->stream);
+#define GDN_MMA_ARGS a->q, a->k, a->v, a->g, a->beta, a->o, a->state, a->gcum, a->W, a->U, a->O1, a->nq, a->nk, \
+    a->B, a->T, a->H, a->HV, a->K, a->V, a->scale, a->o_dtype, s
+  switch (a->in_dtype) {
+    case WB_FP32: return launch_mma_k<float>(GDN_MMA_ARGS);
+    case WB_BF16: return launch_mma_k<__nv_bfloat16>(GDN_MMA_ARGS);
+    case WB_FP16: return launch_mma_k<__half>(GDN_MMA_ARGS);
+    default: return WB_ERR_ARGUMENT;
   }
 #undef GDN_MMA_ARGS
 }

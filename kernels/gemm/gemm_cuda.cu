@@ -22,6 +22,7 @@
 // With S == 1 the (rounded) partial is the output and is written to y directly.
 #include <cuda_runtime.h>
 #include <stdint.h>
+#include "gemm/gemm_abi.h"
 #include "gemm/gemm_elem.h"
 
 #define GEMM_MAXM 16
@@ -245,13 +246,17 @@ __global__ void splitk_reduce_kernel(const float* __restrict__ parts, int MN, in
   if (i < MN) y[i] = wb_reduce_partials(parts + i, S, MN, order);
 }
 
-// path: 0 auto (tensor cores for bf16/fp16 inputs, CUDA cores for fp32), 1 CUDA cores, 2 tensor
-// cores (bf16/fp16 only). Returns 0, a CUDA error code, 2 (M > 16 or S > 64) or 3 (path 2 on fp32).
-extern "C" int splitk_matmul_cuda(const void* x, const void* w, int M, int N, int K, int S, int dt, int part_dt,
-                                  int order, int path, float* parts, float* y, void* stream) {
-  if (M > GEMM_MAXM || S > 64) return 2;
-  if (path == 2 && dt == WB_FP32) return 3;
-  cudaStream_t st = (cudaStream_t)stream;
+// SplitkArgs.path: 0 auto (tensor cores for bf16/fp16 inputs, CUDA cores for fp32), 1 CUDA cores,
+// 2 tensor cores (bf16/fp16 only). Returns WB_OK, a cudaError_t code, WB_ERR_SHAPE (M > 16 or
+// S > 64) or WB_ERR_PATH (path 2 on fp32).
+extern "C" int splitk_matmul_cuda(const SplitkArgs* a) {
+  const void *x = a->x, *w = a->w;
+  const int M = a->M, N = a->N, K = a->K, S = a->S, dt = a->dt, part_dt = a->part_dt, order = a->order;
+  const int path = a->path;
+  float *parts = a->parts, *y = a->y;
+  if (M > GEMM_MAXM || S > 64 || S < 1) return WB_ERR_SHAPE;
+  if (path == 2 && dt == WB_FP32) return WB_ERR_PATH;
+  cudaStream_t st = (cudaStream_t)a->stream;
   float* out = S == 1 ? y : parts;  // one slice: the rounded partial is the result
   if (dt != WB_FP32 && path != 1) {
     const bool vec = K % 8 == 0 && wb_slice_len(K, S) % 8 == 0;
@@ -285,3 +290,6 @@ extern "C" int splitk_matmul_cuda(const void* x, const void* w, int M, int N, in
   }
   return (int)cudaGetLastError();
 }
+
+SPLITK_ARGS_LAYOUT
+WB_DEFINE_STATUS_NAME

@@ -1,7 +1,7 @@
 // Split-K GEMM element code shared by the CPU and CUDA builds: slice bounds and the reduction of
-// one output element's partials (dtype loads and rounding come from qsa/qsa_elem.h).
+// one output element's partials (dtype loads and rounding come from common/wb_elem.h).
 #pragma once
-#include "qsa/qsa_elem.h"
+#include "common/wb_elem.h"
 
 WB_HD int wb_slice_len(int K, int S) { return (K + S - 1) / S; }
 

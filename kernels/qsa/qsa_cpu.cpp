@@ -1,11 +1,17 @@
 // CPU build of the QSA split-KV decode: one (b, kv head, split) at a time, every sum sequential.
 #include <vector>
+#include "qsa/qsa_abi.h"
 #include "qsa/qsa_elem.h"
 
-extern "C" void qsa_split_partials_cpu(const void* q, const void* k, const void* v, const int32_t* idx,
-                                        const int32_t* bt, int mode, int B, int HQ, int HKV, int D, int ps,
-                                        int max_pages, int L, int S, int P, float qscale, int dt, int prob_dt,
-                                        float* o_parts, float* lse_parts) {
+// QsaDecodeArgs -> o_parts, lse_parts. Returns WB_OK or WB_ERR_SHAPE (HQ not a multiple of HKV).
+extern "C" int qsa_split_partials_cpu(const QsaDecodeArgs* a) {
+  const void *q = a->q, *k = a->k, *v = a->v;
+  const int32_t *idx = a->idx, *bt = a->bt;
+  const int mode = a->mode, B = a->B, HQ = a->HQ, HKV = a->HKV, D = a->D, ps = a->ps, max_pages = a->max_pages;
+  const int L = a->L, S = a->S, P = a->P, dt = a->dt, prob_dt = a->prob_dt;
+  const float qscale = a->qscale;
+  float *o_parts = a->o_parts, *lse_parts = a->lse_parts;
+  if (HKV < 1 || HQ % HKV || S < 1 || P < 1) return WB_ERR_SHAPE;
   const int G = HQ / HKV;
   std::vector<float> sc(P), pr(P), qf(D);
   std::vector<int64_t> slot(P);
@@ -48,16 +54,20 @@ extern "C" void qsa_split_partials_cpu(const void* q, const void* k, const void*
         lse_parts[row] = l > 0.0f ? m + log2f(l) : -INFINITY;
       }
     }
+  return WB_OK;
 }
 
-extern "C" void qsa_merge_cpu(const float* o_parts, const float* lse_parts, int rows, int S, int D, float* o,
-                               float* lse) {
-  for (int r = 0; r < rows; ++r)
+// QsaMergeArgs -> o, lse. Returns WB_OK.
+extern "C" int qsa_merge_cpu(const QsaMergeArgs* a) {
+  const int S = a->S, D = a->D;
+  for (int r = 0; r < a->rows; ++r)
     for (int d = 0; d < D; ++d) {
       float l;
-      o[(int64_t)r * D + d] = wb_merge_elem(o_parts + (int64_t)r * S * D, lse_parts + (int64_t)r * S, S, D, d, &l);
-      if (d == 0) lse[r] = l;
+      a->o[(int64_t)r * D + d] = wb_merge_elem(a->o_parts + (int64_t)r * S * D, a->lse_parts + (int64_t)r * S, S, D,
+                                               d, &l);
+      if (d == 0) a->lse[r] = l;
     }
+  return WB_OK;
 }
 
 // The element rounding every native kernel shares (wb_round_to), exposed so that tests can hold
@@ -65,3 +75,6 @@ extern "C" void qsa_merge_cpu(const float* o_parts, const float* lse_parts, int 
 extern "C" void wb_round_array_cpu(const float* x, int64_t n, int dt, float* y) {
   for (int64_t i = 0; i < n; ++i) y[i] = wb_round_to(x[i], dt);
 }
+
+QSA_ARGS_LAYOUT
+WB_DEFINE_STATUS_NAME

@@ -26,6 +26,7 @@
 // qsa_split_kernel: the generic fallback (any D % 8 == 0, G <= 16), one warp per token for scores
 //   with G butterflies, one thread per head-dim column sequential over the tokens for P.V.
 #include <cuda_runtime.h>
+#include "qsa/qsa_abi.h"
 #include "qsa/qsa_elem.h"
 
 #define QSA_MAXG 16
@@ -519,10 +520,11 @@ static int qsa_device_attr(int which) {
 // further attribute calls.
 static int qsa_allow_smem(const void* fn, size_t smem, size_t* granted) {
   if (smem <= 48 * 1024) return 0;
-  if (smem > (size_t)qsa_device_attr(QSA_SMEM_OPTIN)) return 3;
+  if (smem > (size_t)qsa_device_attr(QSA_SMEM_OPTIN)) return WB_ERR_SHARED_MEM;
   size_t& g = granted[qsa_device()];
   if (smem <= g) return 0;
-  if (cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) != cudaSuccess) return 3;
+  if (cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) != cudaSuccess)
+    return WB_ERR_SHARED_MEM;
   g = smem;
   return 0;
 }
@@ -590,22 +592,29 @@ static int qsa_pick(const QsaArgs& a, int warps) {
   return qsa_fast_smem(a.D, GT, a.dt, a.P, warps) <= (size_t)qsa_device_attr(QSA_SMEM_OPTIN);
 }
 
-// Returns 0, or 2 (more than 16 query heads per KV head, or D not a multiple of 8), 3 (shared
-// memory too large for the partition), or a CUDA error code. `warps` (0: auto) sets the fast
-// kernel's block size; `kernel` (0 auto, 1 fast, 2 generic) is for tests and benchmarks.
-extern "C" int qsa_decode_cuda_ex(const void* q, const void* k, const void* v, const int32_t* idx, const int32_t* bt,
-                                  int mode, int B, int HQ, int HKV, int D, int ps, int max_pages, int L, int S, int P,
-                                  float qscale, int dt, int prob_dt, float* o_parts, float* lse_parts, float* o,
-                                  float* lse, void* stream, int warps, int kernel) {
+// QsaDecodeArgs -> o_parts, lse_parts, o, lse. Returns WB_OK, WB_ERR_SHAPE (more than 16 query
+// heads per KV head, D not a multiple of 8, or kernel 1 forced on a shape the fast kernel does not
+// serve), WB_ERR_SHARED_MEM (shared memory too large for the partition), or a cudaError_t code.
+// `warps` (0: auto) sets the fast kernel's block size; `kernel` (0 auto, 1 fast, 2 generic) is for
+// tests and benchmarks.
+extern "C" int qsa_decode_cuda(const QsaDecodeArgs* args) {
+  const void *q = args->q, *k = args->k, *v = args->v;
+  const int32_t *idx = args->idx, *bt = args->bt;
+  const int mode = args->mode, B = args->B, HQ = args->HQ, HKV = args->HKV, D = args->D, ps = args->ps;
+  const int max_pages = args->max_pages, L = args->L, S = args->S, P = args->P, dt = args->dt;
+  const int prob_dt = args->prob_dt, warps = args->warps, kernel = args->kernel;
+  const float qscale = args->qscale;
+  float *o_parts = args->o_parts, *lse_parts = args->lse_parts, *o = args->o, *lse = args->lse;
+  if (HKV < 1 || HQ % HKV) return WB_ERR_SHAPE;
   const int G = HQ / HKV;
-  if (G > QSA_MAXG || D % 8) return 2;
-  cudaStream_t st = (cudaStream_t)stream;
+  if (G > QSA_MAXG || D % 8) return WB_ERR_SHAPE;
+  cudaStream_t st = (cudaStream_t)args->stream;
   const QsaArgs a{q, k, v, idx, bt, mode, B, HQ, HKV, D, ps, max_pages, L, S, P, qscale, dt, prob_dt,
                   o_parts, lse_parts};
   const int nw = qsa_fast_warps(B * HKV * S, warps);
   const int fast = kernel == 1 || (kernel == 0 && qsa_pick(a, nw));
   if (fast) {
-    if (!qsa_fast_gt(G) || !(D == 64 || D == 128 || D == 256)) return 2;
+    if (!qsa_fast_gt(G) || !(D == 64 || D == 128 || D == 256)) return WB_ERR_SHAPE;
     int rc = 0;
     switch (D) {
       case 64: rc = qsa_fast_g<64>(a, qsa_fast_gt(G), nw, st); break;
@@ -626,16 +635,11 @@ extern "C" int qsa_decode_cuda_ex(const void* q, const void* k, const void* v, c
   return (int)cudaGetLastError();
 }
 
-extern "C" int qsa_decode_cuda(const void* q, const void* k, const void* v, const int32_t* idx, const int32_t* bt,
-                               int mode, int B, int HQ, int HKV, int D, int ps, int max_pages, int L, int S, int P,
-                               float qscale, int dt, int prob_dt, float* o_parts, float* lse_parts, float* o,
-                               float* lse, void* stream) {
-  return qsa_decode_cuda_ex(q, k, v, idx, bt, mode, B, HQ, HKV, D, ps, max_pages, L, S, P, qscale, dt, prob_dt,
-                            o_parts, lse_parts, o, lse, stream, 0, 0);
-}
-
-extern "C" int qsa_merge_cuda(const float* o_parts, const float* lse_parts, int rows, int S, int D, float* o,
-                              float* lse, void* stream) {
-  qsa_merge_launch(o_parts, lse_parts, rows, S, D, o, lse, (cudaStream_t)stream);
+// QsaMergeArgs -> o, lse. Returns WB_OK or a cudaError_t code.
+extern "C" int qsa_merge_cuda(const QsaMergeArgs* a) {
+  qsa_merge_launch(a->o_parts, a->lse_parts, a->rows, a->S, a->D, a->o, a->lse, (cudaStream_t)a->stream);
   return (int)cudaGetLastError();
 }
+
+QSA_ARGS_LAYOUT
+WB_DEFINE_STATUS_NAME

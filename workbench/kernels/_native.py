@@ -116,10 +116,12 @@ def build(name: str, sources: list[str | Path], *, kind: str = "cpu", flags: lis
     flags = list(flags or [])
     src_root = source_dir()
     srcs = [src_root / s for s in sources]
-    hdrs = [src_root / h for h in (headers or [])]
+    # every header of the tree counts, listed or not: a changed shared header (kernels/common/)
+    # must never leave a stale library in the cache
+    hdrs = sorted({*(src_root / h for h in (headers or [])), *src_root.rglob("*.h")})
     h = hashlib.sha256()
     for p in [*srcs, *hdrs]:
-        h.update(p.name.encode())
+        h.update(str(p.relative_to(src_root)).encode())
         h.update(p.read_bytes())
     h.update(" ".join(flags).encode())
     h.update(kind.encode())

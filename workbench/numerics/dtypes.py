@@ -15,6 +15,8 @@ import torch
 from workbench.errors import KernelArgumentError
 
 __all__ = [
+    "NATIVE_CODES",
+    "native_code",
     "FloatFormat",
     "FORMATS",
     "canonical",
@@ -77,6 +79,21 @@ _TORCH = {
     "fp8_e4m3": torch.float8_e4m3fn,
     "fp8_e5m2": torch.float8_e5m2,
 }
+
+
+# dtype codes of the native kernels' C ABI (``enum WbDtype`` of kernels/common/wb_elem.h; the
+# numba kernels use the same): the one table every launcher reads
+NATIVE_CODES = {"fp32": 0, "bf16": 1, "fp16": 2}
+
+
+def native_code(dtype) -> int:
+    """The native ABI's code of ``dtype`` (a name or torch dtype): fp32 0, bf16 1, fp16 2."""
+    name = canonical(dtype)
+    if name not in NATIVE_CODES:
+        from workbench.errors import KernelArgumentError
+        raise KernelArgumentError(f"the native kernels read and write {list(NATIVE_CODES)}, got {name}",
+                                  key="dtype", fix="materialize the tensor in fp32, bf16 or fp16")
+    return NATIVE_CODES[name]
 
 
 def canonical(dtype) -> str:

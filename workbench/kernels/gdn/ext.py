@@ -29,12 +29,13 @@ from typing import NamedTuple
 
 import torch
 
-from workbench.errors import BackendUnavailableError, KernelArgumentError, PolicyError
-from workbench.kernels import _native
+from workbench.errors import KernelArgumentError, PolicyError
+from workbench.kernels import _abi, _native
+from workbench.kernels._abi import GdnArgs
 from workbench.kernels.gdn._checks import l2norm
 from workbench.kernels.gdn._launch import stage
 from workbench.kernels.registry import note_path
-from workbench.numerics.dtypes import torch_dtype
+from workbench.numerics.dtypes import native_code, torch_dtype
 
 # the ops this backend implements itself; the helper ops (gates, conv, gated norm) are torch's
 # or the oracle's, reached through fallback= (workbench.kernels.registry.get_op)
@@ -47,17 +48,16 @@ PATH_ENV = "WORKBENCH_GDN_CUDA_PATH"
 __all__ = ["recurrent", "chunked", "is_available",
            "library"]
 
-HEADERS = ["gdn/gdn_common.h", "gdn/gdn_mma.h"]
+HEADERS = ["gdn/gdn_common.h", "gdn/gdn_mma.h", "gdn/gdn_abi.h", "common/wb_abi.h"]
 SOURCES = {"cpu": ["gdn/gdn_cpu.cpp"], "cuda": ["gdn/gdn_cuda.cu", "gdn/gdn_mma.cu"]}
 CUDA_K = (16, 32, 64, 128, 256)
 MMA_K = (64, 128)
 MMA_V = (32, 64, 96, 128)
-MMA_OUT = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}  # o dtypes of the mma path
+MMA_OUT = {t: native_code(t) for t in (torch.float32, torch.bfloat16, torch.float16)}  # o dtypes of the mma path
 MMA_IN = MMA_OUT  # q, k, v dtypes the mma path reads (g, beta: float32)
 PATHS = ("auto", "mma", "scalar")
 
-_P, _I, _F = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
-_ARGS = [_P] * 7 + [_I] * 6 + [_F]
+_P, _I = ctypes.c_void_p, ctypes.c_int
 
 
 def is_available() -> tuple[bool, str]:
@@ -76,17 +76,14 @@ def library(kind: str) -> ctypes.CDLL:
     """
     lib = _native.load("gdn", SOURCES[kind], kind=kind, headers=HEADERS)
     if not getattr(lib, "_gdn_typed", False):
-        sfx, extra = ("cpu", []) if kind == "cpu" else ("cuda", [_P])
-        rec = getattr(lib, f"gdn_recurrent_{sfx}")
-        rec.argtypes, rec.restype = _ARGS + [_I] + extra, _I
-        chk = getattr(lib, f"gdn_chunked_{sfx}")
-        chk.argtypes, chk.restype = [_P] * 10 + [_I] * 6 + [_F, _I, _I] + extra, _I
+        entries = {f"gdn_recurrent_{kind}": GdnArgs, f"gdn_chunked_{kind}": GdnArgs}
+        if kind == "cuda":
+            entries["gdn_chunked_mma_cuda"] = GdnArgs
+        _abi.bind(lib, entries)
+        _abi.check_layout(lib, GdnArgs)
         if kind == "cpu":
             inv = lib.gdn_inverse_diag16_cpu
             inv.argtypes, inv.restype = [_P, _P, _I], _I
-        if kind == "cuda":
-            mma = lib.gdn_chunked_mma_cuda
-            mma.argtypes, mma.restype = [_P] * 13 + [_I] * 6 + [_F, _I, _I, _P], _I
         lib._gdn_typed = True
     return lib
 
@@ -203,20 +200,20 @@ def launch(op, s, C, acc64, tensors, state, o, path="scalar", qk_l2norm=False):
         raise KernelArgumentError("qk_l2norm: only the mma path applies the L2 norm itself; "
                                   "normalize q and k first (ext.staged does)", key="qk_l2norm")
     lib = library(kind)
-    ptrs = [x.data_ptr() for x in (*tensors, o, state)]
-    dims = [s.B, s.T, s.H, s.HV, s.K, s.V]
-    extra = []
+    a = GdnArgs.of(q=tensors[0], k=tensors[1], v=tensors[2], g=tensors[3], beta=tensors[4], o=o, state=state,
+                   B=s.B, T=s.T, H=s.H, HV=s.HV, K=s.K, V=s.V, scale=s.scale, chunk=C, acc64=acc64)
     if kind == "cuda":
         with torch.cuda.device(q.device):
-            extra = [torch.cuda.current_stream().cuda_stream]
+            a.stream = torch.cuda.current_stream().cuda_stream
     if op == "recurrent":
-        rc = getattr(lib, f"gdn_recurrent_{kind}")(*ptrs, *dims, s.scale, acc64, *extra)
+        rc = getattr(lib, f"gdn_recurrent_{kind}")(ctypes.byref(a))
     else:
         # workspace of the three-phase chunked form: gcum, W, U (and the mma path's O1, the
         # inter-chunk part of o that its state pass computes for the output pass)
         f32 = dict(dtype=torch.float32, device=q.device)
         ws = (torch.empty(s.B, s.HV, s.T, **f32), torch.empty(s.B, s.HV, s.T, s.K, **f32),
               torch.empty(s.B, s.HV, s.T, s.V, **f32))
+        a.gcum, a.W, a.U = (w.data_ptr() for w in ws)
         if kind == "cuda" and path == "mma":
             if not mma_fits(s, C, acc64):
                 raise KernelArgumentError(f"path: the mma path does not take chunk {C}, K={s.K}, "
@@ -231,18 +228,16 @@ def launch(op, s, C, acc64, tensors, state, o, path="scalar", qk_l2norm=False):
                     f"{[x.dtype for x in tensors[:3]]}", key="q")
             # the L2-norm factors of the q and k rows (computed by the kernels), or none
             norms = [torch.empty(s.B, s.T, s.H, **f32) for _ in range(2)] if qk_l2norm else []
-            nptr = [n.data_ptr() for n in norms] if qk_l2norm else [None, None]
-            rc = lib.gdn_chunked_mma_cuda(*ptrs, *(w.data_ptr() for w in (*ws, o1)), *nptr, *dims,
-                                          s.scale, MMA_IN[q.dtype], MMA_OUT[o.dtype], *extra)
-            if rc != 0:
-                raise BackendUnavailableError(f"native gdn chunked (cuda, mma) failed with code {rc}",
-                                              key="backend", fix="policy cuda_path='scalar'")
+            if qk_l2norm:
+                a.nq, a.nk = (n.data_ptr() for n in norms)
+            a.O1, a.in_dtype, a.o_dtype = o1.data_ptr(), MMA_IN[q.dtype], MMA_OUT[o.dtype]
+            rc = lib.gdn_chunked_mma_cuda(ctypes.byref(a))
+            if rc != _abi.WB_OK:
+                raise _abi.status_error(lib, rc, "native gdn chunked (cuda, mma)", fix="policy cuda_path='scalar'")
             return
-        rc = getattr(lib, f"gdn_chunked_{kind}")(*ptrs, *(w.data_ptr() for w in ws), *dims,
-                                                 s.scale, C, acc64, *extra)
-    if rc != 0:
-        raise BackendUnavailableError(f"native gdn {op} ({kind}) failed with code {rc}",
-                                      key="backend", fix="see the CUDA error code; try backend='torch'")
+        rc = getattr(lib, f"gdn_chunked_{kind}")(ctypes.byref(a))
+    if rc != _abi.WB_OK:
+        raise _abi.status_error(lib, rc, f"native gdn {op} ({kind})")
 
 
 def recurrent(q, k, v, g, beta, *, scale=None, initial_state=None, qk_l2norm=False, policy=None):

@@ -25,10 +25,11 @@ from functools import lru_cache
 
 import torch
 
-from workbench.errors import BackendUnavailableError, PolicyError
-from workbench.kernels import _native
+from workbench.errors import PolicyError
+from workbench.kernels import _abi, _native
+from workbench.kernels._abi import SplitkArgs
 from workbench.kernels.registry import note_path
-from workbench.numerics.dtypes import canonical, torch_dtype
+from workbench.numerics.dtypes import canonical, native_code, torch_dtype
 from workbench.numerics.policy import resolve_policy
 
 OPS = ("splitk_matmul",)
@@ -38,8 +39,7 @@ KNOBS = {"splitk": range(1, 65), "partial_dtype": ("fp32", "bf16", "fp16"), "red
 
 __all__ = ["splitk_matmul", "is_available", "cuda_path", "PATH_ENV"]
 
-_DT = {"fp32": 0, "bf16": 1, "fp16": 2}
-_HDR = ["gemm/gemm_elem.h", "qsa/qsa_elem.h"]
+_HDR = ["gemm/gemm_elem.h", "gemm/gemm_abi.h", "common/wb_elem.h", "common/wb_abi.h"]
 PATH_ENV = "WORKBENCH_GEMM_CUDA_PATH"
 _PATHS = {"auto": 0, "scalar": 1, "mma": 2}
 
@@ -71,16 +71,12 @@ def is_available() -> tuple[bool, str]:
 def _lib(kind: str) -> ctypes.CDLL:
     if kind == "cpu":
         lib = _native.load("gemm", ["gemm/gemm_cpu.cpp"], kind="cpu", headers=_HDR)
-        lib.splitk_partials_cpu.restype = None
-        lib.splitk_reduce_cpu.restype = None
+        _abi.bind(lib, {"splitk_partials_cpu": SplitkArgs, "splitk_reduce_cpu": SplitkArgs})
     else:
         lib = _native.load("gemm", ["gemm/gemm_cuda.cu"], kind="cuda", headers=_HDR)
-        lib.splitk_matmul_cuda.restype = ctypes.c_int
+        _abi.bind(lib, {"splitk_matmul_cuda": SplitkArgs})
+    _abi.check_layout(lib, SplitkArgs)
     return lib
-
-
-def _p(t):
-    return ctypes.c_void_p(t.data_ptr())
 
 
 def _launch(x, w, splits, partial_dtype, order, policy_path="auto"):
@@ -89,23 +85,24 @@ def _launch(x, w, splits, partial_dtype, order, policy_path="auto"):
     # the CUDA kernel reads 16-byte vectors: give it fresh (aligned) storage for offset views
     x, w = (t.contiguous() for t in (x, w))
     x, w = (t if t.data_ptr() % 16 == 0 else t.clone() for t in (x, w))
-    dt, pdt, od = _DT[canonical(x.dtype)], _DT[partial_dtype], 0 if order == "sequential" else 1
     y = torch.empty(M, N, dtype=torch.float32, device=x.device)
+    a = SplitkArgs.of(w=w, M=M, N=N, K=K, S=splits, dt=native_code(x.dtype), part_dt=native_code(partial_dtype),
+                      order=0 if order == "sequential" else 1)
     if x.is_cuda:
-        stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+        a.stream = torch.cuda.current_stream().cuda_stream
         chosen = cuda_path(x.dtype, policy_path)
         note_path(chosen)
-        path = _PATHS[chosen]
+        a.path = _PATHS[chosen]
         # one slice: the kernel writes the (rounded) partial straight into y
         parts = torch.empty(splits if splits > 1 else 0, min(M, 16), N, dtype=torch.float32, device=x.device)
+        lib = _lib("cuda")
         for m0 in range(0, M, 16):
             xm = x[m0:m0 + 16].clone()
             ym = y[m0:m0 + 16]
-            rc = _lib("cuda").splitk_matmul_cuda(_p(xm), _p(w), *map(ctypes.c_int, (xm.shape[0], N, K, splits, dt, pdt, od, path)),
-                                                 _p(parts), _p(ym), stream)
-            if rc:
-                raise BackendUnavailableError(f"split-K CUDA launch failed with code {rc}", key="backend",
-                                              fix="use backend='torch'")
+            a.x, a.M, a.parts, a.y = xm.data_ptr(), xm.shape[0], parts.data_ptr(), ym.data_ptr()
+            rc = lib.splitk_matmul_cuda(ctypes.byref(a))
+            if rc != _abi.WB_OK:
+                raise _abi.status_error(lib, rc, "split-K CUDA launch")
     else:
         if policy_path == "mma":
             raise PolicyError("policy.cuda_path='mma': the tensor-core path is the CUDA build's; these are CPU "
@@ -113,8 +110,11 @@ def _launch(x, w, splits, partial_dtype, order, policy_path="auto"):
         note_path("cpu")
         parts = torch.empty(splits, M, N, dtype=torch.float32)
         lib = _lib("cpu")
-        lib.splitk_partials_cpu(_p(x), _p(w), *map(ctypes.c_int, (M, N, K, splits, dt, pdt)), _p(parts))
-        lib.splitk_reduce_cpu(_p(parts), ctypes.c_int(M * N), ctypes.c_int(splits), ctypes.c_int(od), _p(y))
+        a.x, a.parts, a.y = x.data_ptr(), parts.data_ptr(), y.data_ptr()
+        for entry in (lib.splitk_partials_cpu, lib.splitk_reduce_cpu):
+            rc = entry(ctypes.byref(a))
+            if rc != _abi.WB_OK:
+                raise _abi.status_error(lib, rc, "split-K CPU build")
     return y
 
 

@@ -16,7 +16,7 @@ import torch
 from numba import cuda, float32
 
 from workbench.errors import BackendUnavailableError
-from workbench.kernels.qsa.numba_cuda import _ld, _round, _simulated, _stream, is_available
+from workbench.kernels._numba_elem import NATIVE_CODES as _DT, _ld, _round, _simulated, _stream, is_available
 from workbench.numerics.dtypes import canonical, torch_dtype
 
 OPS = ("splitk_matmul",)
@@ -28,7 +28,6 @@ MAXM, WARPS, TPB, SHW, TREE = 16, 8, 256, 4096, 64
 # the policy values it honours (the dispatcher refuses others): up to TREE slices, CUDA cores only
 KNOBS = {"splitk": range(1, TREE + 1), "partial_dtype": ("fp32", "bf16", "fp16"), "reduction_order": None,
          "cuda_path": ("auto", "scalar")}
-_DT = {"fp32": 0, "bf16": 1, "fp16": 2}
 
 
 @cuda.jit

@@ -23,11 +23,12 @@ from functools import lru_cache
 import torch
 
 from workbench.errors import BackendUnavailableError, KernelArgumentError
-from workbench.kernels import _native
+from workbench.kernels import _abi, _native
+from workbench.kernels._abi import QsaDecodeArgs, QsaMergeArgs
 from workbench.kernels.qsa._compiled import decode_with_io_policy
 from workbench.kernels.qsa.paged import visit_slots
 from workbench.kernels.qsa.torch_ref import split_layout
-from workbench.numerics.dtypes import canonical
+from workbench.numerics.dtypes import NATIVE_CODES, canonical
 from workbench.numerics.policy import resolve_policy
 
 OPS = ("sparse_decode", "merge_states")
@@ -38,10 +39,10 @@ KNOBS = {"input_dtype": None, "output_dtype": None, "accum_dtype": ("fp32",), "p
 
 __all__ = ["sparse_decode", "merge_states", "is_available", "cuda_launch"]
 
-_DT = {"fp32": 0, "bf16": 1, "fp16": 2}
+_DT = NATIVE_CODES
 _KERNELS = {None: 0, "fast": 1, "generic": 2}
 _launch_config = {"warps": 0, "kernel": 0}
-_HDR = ["qsa/qsa_elem.h"]
+_HDR = ["qsa/qsa_elem.h", "qsa/qsa_abi.h", "common/wb_elem.h", "common/wb_abi.h"]
 LOG2E = 1.0 / math.log(2.0)
 
 
@@ -53,25 +54,22 @@ def is_available() -> tuple[bool, str]:
 def _lib(kind: str) -> ctypes.CDLL:
     if kind == "cpu":
         lib = _native.load("qsa", ["qsa/qsa_cpu.cpp"], kind="cpu", headers=_HDR)
-        lib.qsa_split_partials_cpu.restype = None
-        lib.qsa_merge_cpu.restype = None
+        _abi.bind(lib, {"qsa_split_partials_cpu": QsaDecodeArgs, "qsa_merge_cpu": QsaMergeArgs})
         lib.wb_round_array_cpu.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_void_p]
         lib.wb_round_array_cpu.restype = None
     else:
         lib = _native.load("qsa", ["qsa/qsa_cuda.cu"], kind="cuda", headers=_HDR)
-        vp, i32, f32 = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
-        lib.qsa_decode_cuda_ex.argtypes = [vp] * 5 + [i32] * 10 + [f32, i32, i32] + [vp] * 5 + [i32, i32]
-        lib.qsa_decode_cuda_ex.restype = ctypes.c_int
-        lib.qsa_decode_cuda.restype = ctypes.c_int
-        lib.qsa_merge_cuda.restype = ctypes.c_int
+        _abi.bind(lib, {"qsa_decode_cuda": QsaDecodeArgs, "qsa_merge_cuda": QsaMergeArgs})
+    _abi.check_layout(lib, QsaDecodeArgs)
+    _abi.check_layout(lib, QsaMergeArgs)
     return lib
 
 
 def round_elements(x: torch.Tensor, dtype: str) -> torch.Tensor:
-    """The native element rounding (``wb_round_to`` of ``kernels/qsa/qsa_elem.h``, shared by the
+    """The native element rounding (``wb_round_to`` of ``kernels/common/wb_elem.h``, shared by the
     QSA and GEMM kernels) applied to fp32 CPU values: ``dtype`` "bf16" or "fp16", to nearest even,
     returned as fp32. For tests of the native rounding against an independent implementation."""
-    codes = {"fp32": 0, "bf16": 1, "fp16": 2}
+    codes = NATIVE_CODES
     if dtype not in codes:
         raise KernelArgumentError(f"dtype must be one of {sorted(codes)}, got {dtype!r}", key="dtype",
                                   fix="pass 'bf16' or 'fp16'")
@@ -90,7 +88,7 @@ def cuda_launch(*, warps: int | None = None, kernel: str | None = None):
     ----------
     warps: warps per block of the fast kernel, 1..8 (None: 8 while the grid has fewer blocks than
         twice the multiprocessors, else 4)
-    kernel: ``"fast"`` (fails with code 2 on shapes it does not serve), ``"generic"`` or None
+    kernel: ``"fast"`` (fails with WB_ERR_SHAPE on shapes it does not serve), ``"generic"`` or None
         (the fast kernel wherever it applies)
 
     Example
@@ -112,16 +110,8 @@ def cuda_launch(*, warps: int | None = None, kernel: str | None = None):
         _launch_config.update(saved)
 
 
-def _p(t: torch.Tensor) -> ctypes.c_void_p:
-    return ctypes.c_void_p(t.data_ptr())
-
-
 def _int32(t: torch.Tensor) -> torch.Tensor:
     return t if t.dtype == torch.int32 and t.is_contiguous() else t.to(torch.int32).contiguous()
-
-
-def _stream():
-    return ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
 
 
 def _launch(q, k, v, block_table, indices, scale, num_splits, policy):
@@ -149,24 +139,25 @@ def _launch(q, k, v, block_table, indices, scale, num_splits, policy):
     # the CUDA kernels read 16-byte vectors of q, k and v: offset views get fresh (aligned) storage
     q, k, v = (t.contiguous() for t in (q, k, v))
     q, k, v = (t if t.data_ptr() % 16 == 0 else t.clone() for t in (q, k, v))
+    a = QsaDecodeArgs.of(q=q, k=k, v=v, idx=idx, bt=bt, o_parts=o_parts, lse_parts=lse_parts, o=o, lse=lse,
+                         mode=mode, B=B, HQ=HQ, HKV=HKV, D=D, ps=ps, max_pages=bt.shape[1], L=L, S=S, P=P,
+                         qscale=qscale, dt=_DT[dt], prob_dt=_DT[policy.prob_dtype])
     if q.is_cuda:
-        rc = _lib("cuda").qsa_decode_cuda_ex(
-            q.data_ptr(), k.data_ptr(), v.data_ptr(), idx.data_ptr(), bt.data_ptr(), mode, B, HQ, HKV, D, ps,
-            bt.shape[1], L, S, P, qscale, _DT[dt], _DT[policy.prob_dtype], o_parts, lse_parts,
-            o.data_ptr(), lse.data_ptr(), torch.cuda.current_stream().cuda_stream,
-            _launch_config["warps"], _launch_config["kernel"])
-        if rc:
-            raise BackendUnavailableError(f"qsa CUDA launch failed with code {rc} (2: more than 16 query heads per KV head, "
-                                          "D not a multiple of 8, or kernel='fast' forced on a shape it does not serve; "
-                                          "3: shared memory too large for the partition; other: a CUDA error)",
-                                          key="backend", fix="use more num_splits (smaller partitions) or backend='torch'")
+        lib = _lib("cuda")
+        a.stream, a.warps, a.kernel = (torch.cuda.current_stream().cuda_stream, _launch_config["warps"],
+                                       _launch_config["kernel"])
+        rc = lib.qsa_decode_cuda(ctypes.byref(a))
+        if rc != _abi.WB_OK:
+            raise _abi.status_error(lib, rc, "qsa CUDA launch",
+                                    fix="WB_ERR_SHAPE: more than 16 query heads per KV head, D not a multiple of 8, or "
+                                        "kernel='fast' forced on a shape it does not serve; WB_ERR_SHARED_MEM: use "
+                                        "more num_splits (smaller partitions); else backend='torch'")
     else:
-        ints = [ctypes.c_int(x) for x in (mode, B, HQ, HKV, D, ps, bt.shape[1], L, S, P)]
-        tail = [ctypes.c_float(qscale), ctypes.c_int(_DT[dt]), ctypes.c_int(_DT[policy.prob_dtype])]
         lib = _lib("cpu")
-        op, lp = ctypes.c_void_p(o_parts), ctypes.c_void_p(lse_parts)
-        lib.qsa_split_partials_cpu(_p(q), _p(k), _p(v), _p(idx), _p(bt), *ints, *tail, op, lp)
-        lib.qsa_merge_cpu(op, lp, ctypes.c_int(B * HQ), ctypes.c_int(S), ctypes.c_int(D), _p(o), _p(lse))
+        m = QsaMergeArgs.of(o_parts=o_parts, lse_parts=lse_parts, o=o, lse=lse, rows=B * HQ, S=S, D=D)
+        for rc in (lib.qsa_split_partials_cpu(ctypes.byref(a)), lib.qsa_merge_cpu(ctypes.byref(m))):
+            if rc != _abi.WB_OK:
+                raise _abi.status_error(lib, rc, "qsa CPU build")
     return o, lse
 
 
@@ -182,9 +173,11 @@ def merge_states(o_parts, lse_parts, *, policy=None):
     lp = lse_parts.float().contiguous()
     o = torch.empty(*lead, D, dtype=torch.float32, device=op.device)
     lse = torch.empty(*lead, dtype=torch.float32, device=op.device)
-    args = (_p(op), _p(lp), ctypes.c_int(rows), ctypes.c_int(S), ctypes.c_int(D), _p(o), _p(lse))
+    m = QsaMergeArgs.of(o_parts=op, lse_parts=lp, o=o, lse=lse, rows=rows, S=S, D=D)
+    lib = _lib("cuda" if op.is_cuda else "cpu")
     if op.is_cuda:
-        _lib("cuda").qsa_merge_cuda(*args, _stream())
-    else:
-        _lib("cpu").qsa_merge_cpu(*args)
+        m.stream = torch.cuda.current_stream().cuda_stream
+    rc = (lib.qsa_merge_cuda if op.is_cuda else lib.qsa_merge_cpu)(ctypes.byref(m))
+    if rc != _abi.WB_OK:
+        raise _abi.status_error(lib, rc, "qsa merge")
     return o, lse

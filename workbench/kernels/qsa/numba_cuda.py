@@ -18,9 +18,10 @@ import math
 import numpy as np
 import torch
 from numba import cuda, float32, int32, int64
-from numba.cuda import libdevice
 
 from workbench.errors import BackendUnavailableError
+from workbench.kernels._numba_elem import (NATIVE_CODES as _DT, _exp2, _ld, _log2, _round, _simulated,
+                                          _stream, is_available)
 from workbench.kernels.qsa._compiled import decode_with_io_policy
 from workbench.kernels.qsa.paged import visit_slots
 from workbench.kernels.qsa.torch_ref import split_layout
@@ -37,68 +38,8 @@ KNOBS = {"input_dtype": None, "output_dtype": None, "accum_dtype": ("fp32",), "p
 __all__ = ["sparse_decode", "merge_states", "is_available", "SIGNATURES", "selfcheck"]
 
 MAXG, QS, SC, SL, RED = 16, 4112, 6144, 1024, 32
-_DT = {"fp32": 0, "bf16": 1, "fp16": 2}
 LOG2E = 1.0 / math.log(2.0)
 NEG_INF = float32(-np.inf)
-
-
-def is_available() -> tuple[bool, str]:
-    try:
-        if cuda.is_available():
-            return True, "numba.cuda with a CUDA device" + (" (simulator)" if _simulated() else "")
-        return False, "numba.cuda finds no CUDA GPU (numba.cuda.is_available() is False)"
-    except Exception as e:  # pragma: no cover - broken driver
-        return False, f"numba.cuda failed: {e}"
-
-
-def _simulated() -> bool:
-    from numba import config
-    return bool(config.ENABLE_CUDASIM)
-
-
-if _simulated():  # the simulator has no libdevice: the same operations through numpy (exact too)
-    @cuda.jit(device=True)
-    def _i2f(i):
-        return np.array([i], dtype=np.int64).astype(np.uint32).view(np.float32)[0]
-
-    @cuda.jit(device=True)
-    def _f2i(x):
-        return int(np.array([x], dtype=np.float32).view(np.int32)[0])
-
-    @cuda.jit(device=True)
-    def _exp2(x):
-        return np.float32(np.exp2(np.float32(x)))
-
-    @cuda.jit(device=True)
-    def _log2(x):
-        return np.float32(np.log2(np.float32(x)))
-else:
-    _i2f, _f2i, _exp2, _log2 = libdevice.int_as_float, libdevice.float_as_int, libdevice.exp2f, libdevice.log2f
-
-
-@cuda.jit(device=True, inline=True)
-def _ld(a, i, dt):
-    if dt == 1:
-        return _i2f(int32(a[i]) << 16)
-    return float32(a[i])
-
-
-@cuda.jit(device=True, inline=True)
-def _round(x, dt):
-    """Round fp32 x once, to nearest even, to bf16 (dt 1) or fp16 (dt 2); x >= 0 and finite."""
-    if dt == 0 or x == float32(0.0):
-        return x
-    mant = 7 if dt == 1 else 10
-    emin = -126 if dt == 1 else -14
-    u = _f2i(x)
-    e = ((u >> 23) & 255) - 127
-    if e < emin:  # target subnormal: adding 2^(emin - mant + 23) rounds to its fixed quantum
-        c = _i2f(int32((emin - mant + 23 + 127) << 23))
-        return float32(float32(x + c) - c)
-    drop = 23 - mant
-    lsb = (u >> drop) & 1
-    u = (u + ((1 << (drop - 1)) - 1) + lsb) & ~((1 << drop) - 1)
-    return _i2f(int32(u))
 
 
 @cuda.jit
@@ -219,12 +160,6 @@ def _dev(t: torch.Tensor):
     if t.dtype == torch.bfloat16:
         t = t.view(torch.int16)  # read as 16-bit patterns; the kernel shifts them into fp32
     return cuda.as_cuda_array(t) if t.is_cuda else t.numpy()
-
-
-def _stream():
-    if _simulated():
-        return 0
-    return cuda.external_stream(torch.cuda.current_stream().cuda_stream)
 
 
 def _launch(q, k, v, block_table, indices, scale, num_splits, policy, threads=256):
