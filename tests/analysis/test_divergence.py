@@ -47,6 +47,7 @@ def test_curves_and_first(arms):
     assert fd.div.first()["layer"] == 1
     assert fd.div.curves(op="mix").sizes["layer"] == 3
     assert ds.attrs["first_layer"] == 1 and ds.attrs["metric"] == "rel_l2"  # curves keep the comparison's attrs
+    assert float(ds.aa_band_layer.sel(layer=1)) == float(ds.aa.sel(layer=1).max()) > 0  # the figure's noise band
     hm = fd.div.heatmap()
     assert hm.error.dims == ("layer", "step") and hm.error.shape == (3, 3)
     with pytest.raises(AnalysisError, match="metric"):

@@ -105,8 +105,9 @@ class DivergenceAccessor:
         -------
         Dataset with dims ``by``: ``error`` (the metric), ``aa`` (the A/A noise of each key's
         rule metric: comparable to ``error`` where attrs ``rule_metrics`` is ``[metric]``),
-        ``threshold``, ``exceeded`` (any key beyond its threshold), ``n_keys``; NaN where no key
-        exists. attrs: those of the comparison (first divergence, paths) plus metric, reduce, by,
+        ``aa_band_<dim>`` for each dim (the largest ``aa`` over the other dims: the noise band of
+        curves along it), ``threshold``, ``exceeded`` (any key beyond its threshold), ``n_keys``;
+        NaN where no key exists. attrs: those of the comparison (first divergence, paths) plus metric, reduce, by,
         ``reduced`` (the key fields reduced over), name, where.
         """
         if metric not in _METRICS:
@@ -135,6 +136,8 @@ class DivergenceAccessor:
         out["n_keys"] = out.n_keys.fillna(0).astype(int)
         out["error"].attrs.update(long_name=metric, reduce=reduce)
         out["aa"].attrs["long_name"] = "A/A noise (control vs its repeat) of each key's rule metric"
+        for d in by:  # the noise band of a curve along d: the largest A/A noise over the other dims
+            out[f"aa_band_{d}"] = out.aa.max([o for o in by if o != d]) if len(by) > 1 else out.aa
         out.attrs.update(self._ds.attrs)
         reduced = [f for f in KEY_FIELDS if f not in by and f not in where and not (f == "name" and name)]
         out.attrs.update(analysis="curves", metric=metric, reduce=reduce, by=json.dumps(by), reduced=json.dumps(reduced),

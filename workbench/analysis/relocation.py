@@ -50,7 +50,8 @@ def relocation_invariance(layers: Mapping[int, tuple] | tuple, *, seeds: Sequenc
     -------
     xarray.Dataset with dims ``layer``, ``page_order``, ``seed``: ``bitwise`` (identical output
     and LSE), ``max_abs`` and ``n_diff`` (differing output elements); ``invariant[layer,
-    page_order]`` (bitwise for every seed); attrs say which variants are invariant.
+    page_order]`` (bitwise for every seed), ``worst_max_abs[layer, page_order]`` (the largest
+    difference over the seeds); attrs say which variants are invariant.
 
     Example
     -------
@@ -94,6 +95,7 @@ def relocation_invariance(layers: Mapping[int, tuple] | tuple, *, seeds: Sequenc
     ds = xr.Dataset({"bitwise": (dims, bit), "max_abs": (dims, mx), "n_diff": (dims, nd)},
                     coords={"layer": L, "page_order": P, "seed": S})
     ds["invariant"] = ds.bitwise.all("seed")
+    ds["worst_max_abs"] = ds.max_abs.max("seed")  # the largest difference over the relocations
     inv = {o: bool(ds.invariant.sel(page_order=o).all()) for o in P}
     ds.attrs.update(analysis="relocation_invariance", backend=backend, num_splits=num_splits, page_size=page_size,
                     policy=base.label(), check="bitwise equality of output and LSE after relocating every page",

@@ -202,7 +202,8 @@ def counterfactuals(capture, *, op: str, base: Policy | dict | None = None,
     Returns
     -------
     xarray.Dataset with dims ``case`` and ``change`` (``"base"`` then ``"knob=value"``):
-    ``err_oracle``; ``delta`` (mean error of the change minus that of the base), ``share``
+    ``err_oracle``, ``mean_err_oracle[change]`` (over the cases); ``delta`` (mean error of the
+    change minus that of the base), ``share``
     (delta over the sum of positive deltas: the fraction of the added error due to that knob),
     ``knob[change]``, ``value[change]``.
 
@@ -226,6 +227,7 @@ def counterfactuals(capture, *, op: str, base: Policy | dict | None = None,
     ds = replay(capture, op=op, backends=(backend,), policies=pols, output=output, max_cases=max_cases, **filters)
     ds = ds.rename(variant="change")
     mean = ds.err_oracle.mean("case")
+    ds["mean_err_oracle"] = mean
     ds["delta"] = mean - mean.sel(change="base")
     pos = float(ds.delta.clip(min=0).sum())
     ds["share"] = ds.delta.clip(min=0) / pos if pos > 0 else ds.delta * 0

@@ -47,7 +47,7 @@ def divergence_curves_figure(ds, *, x: str = "layer", title: str | None = None):
     others = [d for d in err.dims if d != x]
     keys = [k if isinstance(k, tuple) else (k,) for k in err.stack(_k=others)._k.values.tolist()] if others else [()]
     fig = go.Figure()
-    band = ds.aa.max(others) if others else ds.aa
+    band = ds[f"aa_band_{x}"]
     if bool(band.notnull().any()) and json.loads(ds.attrs.get("rule_metrics", "[]")) == [ds.attrs.get("metric")]:
         b = band.dropna(x)
         floor = _floor(b.to_numpy())

@@ -11,7 +11,7 @@ def relocation_figure(ds, *, title: str | None = None):
     import plotly.graph_objects as go
 
     inv = ds.invariant.transpose("layer", "page_order")
-    mx = ds.max_abs.max("seed").transpose("layer", "page_order")
+    mx = ds.worst_max_abs.transpose("layer", "page_order")
     fig = go.Figure(go.Heatmap(z=inv.values.astype(int), x=[str(p) for p in inv.page_order.values],
                                y=[str(l) for l in inv.layer.values], zmin=0, zmax=1,
                                colorscale=[[0, "#cf222e"], [1, "#2da44e"]], showscale=False,

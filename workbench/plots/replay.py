@@ -31,8 +31,7 @@ def counterfactuals_figure(ds, *, title: str | None = None):
     """Bars: mean error vs FP64 of each one-knob change, with its share of the added error."""
     import plotly.graph_objects as go
 
-    mean = ds.err_oracle.mean("case")
-    fig = go.Figure(go.Bar(x=[str(c) for c in ds.change.values], y=mean.values,
+    fig = go.Figure(go.Bar(x=[str(c) for c in ds.change.values], y=ds.mean_err_oracle.values,
                            text=[f"{100 * s:.0f}%" for s in ds.share.values], textposition="outside"))
     fig.update_layout(title=title or f"one knob at a time from {ds.attrs.get('base')}", yaxis_type="log",
                       xaxis_title="change", yaxis_title="mean rel. L2 vs FP64", height=400)
