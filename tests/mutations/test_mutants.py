@@ -32,7 +32,7 @@ class Mutant:
 
 
 MUTANTS = [
-    Mutant("round-by-truncation", "kernels/qsa/qsa_elem.h",
+    Mutant("round-by-truncation", "kernels/common/wb_elem.h",
            "a += (1u << (drop - 1)) - 1u + lsb;", "a += 0u;",
            ("tests/kernels/qsa/test_ext.py::test_native_element_rounding_is_round_to_nearest_even_bitwise",
             "tests/kernels/gemm/test_ext.py::test_cpu_build_equals_torch_backend_bitwise")),
