@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import importlib
 import threading
 import warnings
@@ -34,7 +35,7 @@ from workbench.errors import BackendUnavailableError, UnknownBackendError
 from workbench.plugins import Registry
 
 __all__ = ["register_backend", "register_knobs", "get_backend", "get_op", "implemented_ops", "backends",
-           "fallbacks", "call", "check_policy", "honoured_knobs", "devices", "note_path", "kernel_log", "KernelLog",
+           "fallbacks", "call", "backend_op", "check_policy", "honoured_knobs", "devices", "note_path", "kernel_log", "KernelLog",
            "BackendInfo", "BackendFallbackWarning", "REGISTRY"]
 
 
@@ -324,6 +325,20 @@ def call(family: str, backend: str, op: str, *args, policy=None, fallback: str |
         _CURRENT.reset(token)
         for log in _LOGS.get():
             log._add(event)
+
+
+def backend_op(fn):
+    """Decorator of a backend's op functions. Through the dispatcher they receive the resolved
+    :class:`Policy`; called directly (tests, benchmarks, one backend's helper calling another of
+    its ops) their ``policy=`` (None: the current one, or a dict) is resolved here, the same way,
+    so the backend code only ever reads a Policy. Nothing is checked here: what a backend
+    honours is checked by :func:`call`."""
+    from workbench.numerics.policy import Policy, resolve_policy
+
+    @functools.wraps(fn)
+    def op(*args, policy=None, **kwargs):
+        return fn(*args, policy=policy if isinstance(policy, Policy) else resolve_policy(policy), **kwargs)
+    return op
 
 
 def note_path(path: str) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Iterator
@@ -158,6 +159,20 @@ def resolve_policy(policy: Policy | dict | None) -> Policy:
         f"policy must be a workbench.numerics.Policy, a dict of knobs or None, got {type(policy).__name__}",
         key="policy", fix="pass Policy(...) or {'state_dtype': 'bf16', ...}",
     )
+
+
+def requested_cuda_path(policy_path: str, env: str) -> tuple[str, str]:
+    """(the path asked for, where that came from): the policy's ``cuda_path`` when explicit, else
+    the environment variable ``env`` when set, else ``"auto"``. A value outside
+    :data:`CUDA_PATHS` is a PolicyError naming its source."""
+    want, source = policy_path, f"policy.cuda_path={policy_path!r}"
+    raw = os.environ.get(env, "").strip()
+    if want == "auto" and raw:
+        want, source = raw.lower(), f"{env}={raw!r}"
+    if want not in CUDA_PATHS:
+        raise PolicyError(f"{source}: must be one of {list(CUDA_PATHS)}", key="cuda_path",
+                          fix=f"unset {env} or set it to auto, scalar or mma")
+    return want, source
 
 
 @contextlib.contextmanager

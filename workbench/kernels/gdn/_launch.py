@@ -8,7 +8,6 @@ import torch
 
 from workbench.kernels.gdn._checks import check_gdn, l2norm, resolve_chunk
 from workbench.numerics.dtypes import torch_dtype
-from workbench.numerics.policy import resolve_policy
 
 __all__ = ["stage"]
 
@@ -23,7 +22,7 @@ def stage(backend, q, k, v, g, beta, scale, initial_state, qk_l2norm, policy, ch
     applied, for kernels that read bf16 / fp16 themselves.
     """
     s = check_gdn(q, k, v, g, beta, scale, initial_state)
-    p = resolve_policy(policy)  # a Policy from the dispatcher; None/dict when called directly
+    p = policy  # a Policy (the dispatcher's, or backend_op's for a direct call)
     C = resolve_chunk(chunk_size, p)
     inp = torch_dtype(p.input_dtype) if p.input_dtype else None
     out = torch_dtype(p.output_dtype) if p.output_dtype else v.dtype

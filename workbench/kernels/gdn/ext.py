@@ -23,7 +23,6 @@ call (:func:`workbench.kernels.registry.kernel_log`).
 from __future__ import annotations
 
 import ctypes
-import os
 from functools import lru_cache
 from typing import NamedTuple
 
@@ -34,8 +33,9 @@ from workbench.kernels import _abi, _native
 from workbench.kernels._abi import GdnArgs
 from workbench.kernels.gdn._checks import l2norm
 from workbench.kernels.gdn._launch import stage
-from workbench.kernels.registry import note_path
+from workbench.kernels.registry import backend_op, note_path
 from workbench.numerics.dtypes import native_code, torch_dtype
+from workbench.numerics.policy import requested_cuda_path
 
 # the ops this backend implements itself; the helper ops (gates, conv, gated norm) are torch's
 # or the oracle's, reached through fallback= (workbench.kernels.registry.get_op)
@@ -55,7 +55,6 @@ MMA_K = (64, 128)
 MMA_V = (32, 64, 96, 128)
 MMA_OUT = {t: native_code(t) for t in (torch.float32, torch.bfloat16, torch.float16)}  # o dtypes of the mma path
 MMA_IN = MMA_OUT  # q, k, v dtypes the mma path reads (g, beta: float32)
-PATHS = ("auto", "mma", "scalar")
 
 _P, _I = ctypes.c_void_p, ctypes.c_int
 
@@ -112,12 +111,7 @@ def cuda_path(s, C, acc64, input_dtype=None, policy_path: str = "auto") -> str:
     ``policy_path``: the policy's ``cuda_path`` (its default ``auto`` may be replaced by
     ``WORKBENCH_GDN_CUDA_PATH``).
     """
-    want, source = policy_path, f"policy.cuda_path={policy_path!r}"
-    if want == "auto" and os.environ.get(PATH_ENV, "").strip():
-        want, source = os.environ[PATH_ENV].strip().lower(), f"{PATH_ENV}={os.environ[PATH_ENV].strip()!r}"
-    if want not in PATHS:
-        raise PolicyError(f"{source}: expected one of {PATHS}", key="cuda_path",
-                          fix=f"unset {PATH_ENV} or use auto, mma or scalar")
+    want, source = requested_cuda_path(policy_path, PATH_ENV)
     fits = mma_fits(s, C, acc64)
     if want == "mma" and not fits:
         raise PolicyError(
@@ -143,6 +137,7 @@ class Staged(NamedTuple):
     qk_l2norm: bool       # the L2 norm of q and k is still to be applied (by the mma kernels)
 
 
+@backend_op
 def staged(op, q, k, v, g, beta, scale=None, initial_state=None, qk_l2norm=False, policy=None,
            chunk_size=None) -> Staged:
     """Inputs as the kernels of ``op`` take them. On the mma path q, k, v stay bf16 / fp16 (else
@@ -167,7 +162,7 @@ def staged(op, q, k, v, g, beta, scale=None, initial_state=None, qk_l2norm=False
 
 
 def _run(op, q, k, v, g, beta, scale, initial_state, qk_l2norm, policy, chunk_size=None):
-    st = staged(op, q, k, v, g, beta, scale, initial_state, qk_l2norm, policy, chunk_size)
+    st = staged(op, q, k, v, g, beta, scale, initial_state, qk_l2norm, policy=policy, chunk_size=chunk_size)
     s, C, acc64, tensors, state, out, path = (st.s, st.chunk, st.acc64, st.tensors, st.state,
                                               st.out, st.path)
     # the mma path writes o in the output dtype itself (round to nearest even, as .to() does)
@@ -240,10 +235,12 @@ def launch(op, s, C, acc64, tensors, state, o, path="scalar", qk_l2norm=False):
         raise _abi.status_error(lib, rc, f"native gdn {op} ({kind})")
 
 
+@backend_op
 def recurrent(q, k, v, g, beta, *, scale=None, initial_state=None, qk_l2norm=False, policy=None):
     return _run("recurrent", q, k, v, g, beta, scale, initial_state, qk_l2norm, policy)
 
 
+@backend_op
 def chunked(q, k, v, g, beta, *, scale=None, initial_state=None, qk_l2norm=False,
             chunk_size=None, policy=None):
     return _run("chunked", q, k, v, g, beta, scale, initial_state, qk_l2norm, policy, chunk_size)

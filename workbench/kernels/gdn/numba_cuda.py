@@ -31,7 +31,7 @@ import torch
 from workbench.errors import KernelArgumentError
 # the helper ops run through the torch implementation (same keyword signatures)
 from workbench.kernels.gdn._launch import stage
-from workbench.kernels.registry import note_path
+from workbench.kernels.registry import backend_op, note_path
 
 try:  # kernels must see the module-level ``cuda``: the simulator swaps it in their globals
     from numba import cuda, float32
@@ -443,10 +443,12 @@ def _run(op, q, k, v, g, beta, scale, initial_state, qk_l2norm, policy, chunk_si
     return o.to(out), state
 
 
+@backend_op
 def recurrent(q, k, v, g, beta, *, scale=None, initial_state=None, qk_l2norm=False, policy=None):
     return _run("recurrent", q, k, v, g, beta, scale, initial_state, qk_l2norm, policy)
 
 
+@backend_op
 def chunked(q, k, v, g, beta, *, scale=None, initial_state=None, qk_l2norm=False,
             chunk_size=None, policy=None):
     return _run("chunked", q, k, v, g, beta, scale, initial_state, qk_l2norm, policy, chunk_size)

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from workbench.kernels.gdn._checks import check_gdn, l2norm, resolve_chunk
 from workbench.kernels.gdn._chunk import chunk_step
-from workbench.numerics.policy import resolve_policy
+from workbench.kernels.registry import backend_op
 
 OPS = ("recurrent", "chunked", "gates", "causal_conv1d", "gated_rmsnorm")
 # float64 throughout: the numerics policy does not apply (the truth every policy is judged against)
@@ -55,10 +55,11 @@ def recurrent(q, k, v, g, beta, *, scale=None, initial_state=None, qk_l2norm=Fal
     return o, S
 
 
+@backend_op
 def chunked(q, k, v, g, beta, *, scale=None, initial_state=None, qk_l2norm=False,
             chunk_size=None, policy=None):
     """Chunked (UT/WY) form in float64; see :func:`workbench.kernels.gdn.chunked`."""
-    C = resolve_chunk(chunk_size, resolve_policy(policy))
+    C = resolve_chunk(chunk_size, policy)
     s, q, k, v, g, beta, S = _prepare(q, k, v, g, beta, scale, initial_state, qk_l2norm)
     # [B, HV, T, *] so that per-head matrices are the trailing two dims
     q, k, v = (x.transpose(1, 2) for x in (q, k, v))

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from workbench.kernels.gdn._checks import check_gdn, l2norm, resolve_chunk
 from workbench.kernels.gdn._chunk import chunk_step
 from workbench.numerics.dtypes import torch_dtype
-from workbench.numerics.policy import resolve_policy
+from workbench.kernels.registry import backend_op
 
 OPS = ("recurrent", "chunked", "gates", "causal_conv1d", "gated_rmsnorm")
 # it honours every value of every GDN knob but the native kernels' cuda_path
@@ -53,7 +53,7 @@ class _Rounding:
 
 def _prepare(q, k, v, g, beta, scale, initial_state, qk_l2norm, policy):
     s = check_gdn(q, k, v, g, beta, scale, initial_state)
-    p = resolve_policy(policy)
+    p = policy
     r = _Rounding(p, v.dtype)
     q, k, v, beta = (r.input(x) for x in (q, k, v, beta))
     g = g.to(r.acc)
@@ -66,6 +66,7 @@ def _prepare(q, k, v, g, beta, scale, initial_state, qk_l2norm, policy):
     return s, p, r, q, k, v, g, beta, S
 
 
+@backend_op
 def recurrent(q, k, v, g, beta, *, scale=None, initial_state=None, qk_l2norm=False, policy=None):
     """Per-step recurrence; the state is rounded to ``policy.state_dtype`` after every step."""
     s, p, r, q, k, v, g, beta, S = _prepare(q, k, v, g, beta, scale, initial_state, qk_l2norm,
@@ -80,6 +81,7 @@ def recurrent(q, k, v, g, beta, *, scale=None, initial_state=None, qk_l2norm=Fal
     return o.to(r.out), S.to(torch.float32)
 
 
+@backend_op
 def chunked(q, k, v, g, beta, *, scale=None, initial_state=None, qk_l2norm=False,
             chunk_size=None, policy=None):
     """Chunked (UT/WY) form; the state is rounded to ``policy.state_dtype`` at chunk boundaries."""
@@ -97,17 +99,19 @@ def chunked(q, k, v, g, beta, *, scale=None, initial_state=None, qk_l2norm=False
     return o.transpose(1, 2).to(r.out), S.to(torch.float32)
 
 
+@backend_op
 def gates(a, b, A_log, dt_bias, *, policy=None):
     """g = -exp(A_log) softplus(a + dt_bias), beta = sigmoid(b); float32 (accum_dtype) out."""
-    acc = torch_dtype(resolve_policy(policy).accum_dtype)
+    acc = torch_dtype(policy.accum_dtype)
     a, b, A_log, dt_bias = (x.to(acc) for x in (a, b, A_log, dt_bias))
     g = -A_log.exp() * F.softplus(a + dt_bias)
     return g.to(torch.float32), torch.sigmoid(b).to(torch.float32)
 
 
+@backend_op
 def causal_conv1d(x, weight, *, state=None, policy=None):
     """Depthwise causal conv + SiLU in accum_dtype; y in output_dtype (None: x's dtype)."""
-    p = resolve_policy(policy)
+    p = policy
     acc = torch_dtype(p.accum_dtype)
     out = torch_dtype(p.output_dtype) if p.output_dtype else x.dtype
     B, T, D = x.shape
@@ -123,9 +127,10 @@ def causal_conv1d(x, weight, *, state=None, policy=None):
     return F.silu(y).transpose(1, 2).to(out), new_state
 
 
+@backend_op
 def gated_rmsnorm(x, z, weight, eps=1e-6, *, policy=None):
     """Qwen3-Next RMSNormGated: normalize in accum_dtype, round to x's dtype, scale, gate."""
-    p = resolve_policy(policy)
+    p = policy
     acc = torch_dtype(p.accum_dtype)
     out = torch_dtype(p.output_dtype) if p.output_dtype else x.dtype
     xa = x.to(acc)

@@ -20,7 +20,6 @@ hardware's (16-product blocks, see docs/kernels/gemm.md), not the CPU build's k-
 from __future__ import annotations
 
 import ctypes
-import os
 from functools import lru_cache
 
 import torch
@@ -28,9 +27,9 @@ import torch
 from workbench.errors import PolicyError
 from workbench.kernels import _abi, _native
 from workbench.kernels._abi import SplitkArgs
-from workbench.kernels.registry import note_path
+from workbench.kernels.registry import backend_op, note_path
 from workbench.numerics.dtypes import canonical, native_code, torch_dtype
-from workbench.numerics.policy import resolve_policy
+from workbench.numerics.policy import requested_cuda_path
 
 OPS = ("splitk_matmul",)
 # the policy values it honours (the dispatcher refuses others): up to 64 slices, fp32/bf16/fp16 partials
@@ -48,12 +47,7 @@ def cuda_path(dtype, policy_path: str = "auto") -> str:
     """The CUDA partial kernel a GPU call with inputs of ``dtype`` uses: ``"mma"`` (tensor cores)
     or ``"scalar"`` (CUDA cores), from the policy's ``cuda_path`` (whose default ``auto``
     ``WORKBENCH_GEMM_CUDA_PATH`` may replace)."""
-    want, source = policy_path, f"policy.cuda_path={policy_path!r}"
-    if want == "auto" and os.environ.get(PATH_ENV, "").strip():
-        want, source = os.environ[PATH_ENV].strip().lower(), f"{PATH_ENV}={os.environ[PATH_ENV].strip()!r}"
-    if want not in _PATHS:
-        raise PolicyError(f"{source}: must be one of {list(_PATHS)}", key="cuda_path",
-                          fix=f"unset {PATH_ENV} or set it to auto, scalar or mma")
+    want, source = requested_cuda_path(policy_path, PATH_ENV)
     dt = canonical(dtype)
     if want == "mma" and dt == "fp32":
         raise PolicyError(f"{source}: the tensor-core path needs bf16 or fp16 inputs, got fp32", key="cuda_path",
@@ -118,5 +112,6 @@ def _launch(x, w, splits, partial_dtype, order, policy_path="auto"):
     return y
 
 
+@backend_op
 def splitk_matmul(x, w, *, splits=None, partial_dtype=None, order=None, out_dtype=None, policy=None):
-    return _launch(x, w, splits, partial_dtype, order, resolve_policy(policy).cuda_path).to(torch_dtype(out_dtype))
+    return _launch(x, w, splits, partial_dtype, order, policy.cuda_path).to(torch_dtype(out_dtype))

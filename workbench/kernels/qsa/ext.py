@@ -29,7 +29,7 @@ from workbench.kernels.qsa._compiled import decode_with_io_policy
 from workbench.kernels.qsa.paged import visit_slots
 from workbench.kernels.qsa.torch_ref import split_layout
 from workbench.numerics.dtypes import NATIVE_CODES, canonical
-from workbench.numerics.policy import resolve_policy
+from workbench.kernels.registry import backend_op
 
 OPS = ("sparse_decode", "merge_states")
 # the policy values it honours (the dispatcher refuses others): fp32 accumulators, probabilities
@@ -161,8 +161,8 @@ def _launch(q, k, v, block_table, indices, scale, num_splits, policy):
     return o, lse
 
 
+@backend_op
 def sparse_decode(q, kv_cache, block_table, indices, *, scale=None, num_splits=None, policy=None):
-    policy = resolve_policy(policy)
     return decode_with_io_policy(_launch, q, kv_cache, block_table, indices, scale, num_splits, policy)
 
 

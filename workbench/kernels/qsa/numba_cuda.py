@@ -26,7 +26,7 @@ from workbench.kernels.qsa._compiled import decode_with_io_policy
 from workbench.kernels.qsa.paged import visit_slots
 from workbench.kernels.qsa.torch_ref import split_layout
 from workbench.numerics.dtypes import canonical, torch_dtype
-from workbench.numerics.policy import resolve_policy
+from workbench.kernels.registry import backend_op
 
 OPS = ("sparse_decode", "merge_states")
 DEVICES = ("cuda",)  # CUDA tensors (the numba simulator runs CPU tensors, tiny grids, for tests)
@@ -196,8 +196,8 @@ def _launch(q, k, v, block_table, indices, scale, num_splits, policy, threads=25
     return o.reshape(B, HQ, D), lse.reshape(B, HQ)
 
 
+@backend_op
 def sparse_decode(q, kv_cache, block_table, indices, *, scale=None, num_splits=None, policy=None):
-    policy = resolve_policy(policy)
     if canonical(q.dtype) not in _DT:
         raise BackendUnavailableError(f"qsa numba reads fp32/bf16/fp16, got {q.dtype}", key="backend",
                                       fix="use backend='torch'")

@@ -17,7 +17,7 @@ import torch
 from workbench.kernels.qsa._select import select_tokens
 from workbench.kernels.qsa.paged import unpack_cache, visit_slots
 from workbench.numerics.dtypes import torch_dtype
-from workbench.numerics.policy import resolve_policy
+from workbench.kernels.registry import backend_op
 
 OPS = ("block_keys", "index_scores", "select", "sparse_decode", "merge_states", "output_gate")
 # every value of every QSA knob
@@ -47,16 +47,16 @@ def _acc(policy) -> torch.dtype:
     return torch_dtype(policy.accum_dtype)
 
 
+@backend_op
 def block_keys(k, *, ratio=4, norm=None, policy=None):
-    policy = resolve_policy(policy)
     B, T, D = k.shape
     nb = T // ratio
     kb = k[:, : nb * ratio].to(_acc(policy)).reshape(B, nb, ratio, D).mean(dim=2)
     return norm(kb) if norm is not None else kb
 
 
+@backend_op
 def index_scores(q_index, block_keys, *, pos, ratio=4, policy=None):
-    policy = resolve_policy(policy)
     acc = _acc(policy)
     B, HI, D = q_index.shape
     s = torch.relu(torch.einsum("bhd,bnd->bhn", q_index.to(acc), block_keys.to(acc))).sum(1) / math.sqrt(D)
@@ -73,9 +73,9 @@ def _materialize(x, policy):
     return x if policy.input_dtype is None else x.to(torch_dtype(policy.input_dtype))
 
 
+@backend_op
 def split_partials(q, kv_cache, block_table, indices, *, scale=None, num_splits=None, policy=None):
     """Per-split outputs ``[B, HQ, S, D]`` and base-2 LSE ``[B, HQ, S]`` (empty split: 0, -inf)."""
-    policy = resolve_policy(policy)
     k_cache, v_cache = unpack_cache(kv_cache)
     acc = _acc(policy)
     B, HQ, D = q.shape
@@ -106,8 +106,8 @@ def split_partials(q, kv_cache, block_table, indices, *, scale=None, num_splits=
     return o.reshape(B, HQ, S, D), lse.reshape(B, HQ, S)
 
 
+@backend_op
 def merge_states(o_parts, lse_parts, *, policy=None):
-    policy = resolve_policy(policy)
     acc = _acc(policy)
     o_parts = o_parts.to(acc); lse_parts = lse_parts.to(acc)
     m = lse_parts.amax(-1, keepdim=True)
@@ -119,8 +119,8 @@ def merge_states(o_parts, lse_parts, *, policy=None):
     return o, lse.squeeze(-1)
 
 
+@backend_op
 def sparse_decode(q, kv_cache, block_table, indices, *, scale=None, num_splits=None, policy=None):
-    policy = resolve_policy(policy)
     o_parts, lse_parts = split_partials(q, kv_cache, block_table, indices, scale=scale,
                                         num_splits=num_splits, policy=policy)
     o, lse = merge_states(o_parts, lse_parts, policy=policy)
@@ -129,8 +129,8 @@ def sparse_decode(q, kv_cache, block_table, indices, *, scale=None, num_splits=N
     return o, lse.float()
 
 
+@backend_op
 def output_gate(o, gate, *, policy=None):
-    policy = resolve_policy(policy)
     odt = torch_dtype(policy.output_dtype) if policy.output_dtype else gate.dtype
     x = o.float()
     if policy.gate_round_output:
