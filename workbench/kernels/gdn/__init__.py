@@ -160,10 +160,7 @@ def causal_conv1d(x, weight, *, state=None, backend="torch", policy=None, fallba
     state : [B, D, W - 1], optional
         The last W - 1 inputs before x (None: zeros).
     fallback : str, optional
-        Backend to run this op when ``backend`` does not implement it (the native and fla backends
-        implement only ``recurrent`` and ``chunked``): e.g. ``"torch"``. The substitution is warned
-        about once and recorded in ``workbench.kernels.fallbacks()``; without it such a call is a
-        BackendUnavailableError listing the backends that implement the op.
+        As for :func:`gates`: the backend to run this op when ``backend`` does not implement it.
 
     Returns
     -------
@@ -192,10 +189,7 @@ def gated_rmsnorm(x, z, weight, eps=1e-6, *, backend="torch", policy=None, fallb
     weight : [D] float
     eps : float
     fallback : str, optional
-        Backend to run this op when ``backend`` does not implement it (the native and fla backends
-        implement only ``recurrent`` and ``chunked``): e.g. ``"torch"``. The substitution is warned
-        about once and recorded in ``workbench.kernels.fallbacks()``; without it such a call is a
-        BackendUnavailableError listing the backends that implement the op.
+        As for :func:`gates`: the backend to run this op when ``backend`` does not implement it.
 
     Returns
     -------

@@ -59,20 +59,19 @@ def _state(initial_state):
     return None if initial_state is None else initial_state.to(torch.float32).contiguous()
 
 
-def recurrent(q, k, v, g, beta, *, scale=None, initial_state=None, qk_l2norm=False, policy=None):
+def _run(which, q, k, v, g, beta, scale, initial_state, qk_l2norm):
     s = check_gdn(q, k, v, g, beta, scale, initial_state)
-    _, fused = _fla()
-    o, st = fused(q=q, k=k, v=v, g=g.float(), beta=beta.to(q.dtype), scale=s.scale,
-                  initial_state=_state(initial_state), output_final_state=True,
-                  use_qk_l2norm_in_kernel=qk_l2norm)
+    chunk, fused = _fla()
+    o, st = (chunk if which == "chunked" else fused)(
+        q=q, k=k, v=v, g=g.float(), beta=beta.to(q.dtype), scale=s.scale, initial_state=_state(initial_state),
+        output_final_state=True, use_qk_l2norm_in_kernel=qk_l2norm)
     return o, st
+
+
+def recurrent(q, k, v, g, beta, *, scale=None, initial_state=None, qk_l2norm=False, policy=None):
+    return _run("recurrent", q, k, v, g, beta, scale, initial_state, qk_l2norm)
 
 
 def chunked(q, k, v, g, beta, *, scale=None, initial_state=None, qk_l2norm=False,
             chunk_size=None, policy=None):
-    s = check_gdn(q, k, v, g, beta, scale, initial_state)
-    chunk, _ = _fla()
-    o, st = chunk(q=q, k=k, v=v, g=g.float(), beta=beta.to(q.dtype), scale=s.scale,
-                  initial_state=_state(initial_state), output_final_state=True,
-                  use_qk_l2norm_in_kernel=qk_l2norm)
-    return o, st
+    return _run("chunked", q, k, v, g, beta, scale, initial_state, qk_l2norm)  # chunk 64: KNOBS
