@@ -37,7 +37,8 @@ def test_gate_display_carries_machine_record(monkeypatch):
     (obj, raw), = shown
     assert raw
     rec = obj[nb.GATE_MIMETYPE]
-    assert rec == {"name": "aa_noise", "value": 2.0, "threshold": 1.0, "op": "<=", "passed": False, "help": "why"}
+    assert rec == {"name": "aa_noise", "value": 2.0, "threshold": 1.0, "op": "<=", "passed": False, "help": "why",
+                   "kind": "regression"}
     assert "FAIL" in obj["text/plain"] and "aa_noise" in obj["text/html"]
 
 
@@ -101,9 +102,21 @@ def test_resolve_and_repo_root(tmp_path, monkeypatch):
     (repo / "notebooks").mkdir(parents=True)
     (repo / "captures").mkdir()
     monkeypatch.delenv(nb.ROOT_ENV, raising=False)
+    (repo / "captures" / "control").mkdir()
+    monkeypatch.delenv(nb.CWD_ENV, raising=False)
     monkeypatch.chdir(repo / "notebooks")
     assert nb.repo_root() == repo
+    # a bundled default, absent where the user runs: found in the repository
     assert nb.resolve("captures/control") == repo / "captures" / "control"
     assert nb.resolve("/abs/x") == nb.Path("/abs/x")
+    # the user's own relative paths are read from where they run (workbench run passes it)
+    user = tmp_path / "work"
+    (user / "runs" / "a").mkdir(parents=True)
+    (user / "captures" / "control").mkdir(parents=True)
+    monkeypatch.setenv(nb.CWD_ENV, str(user))
+    assert nb.resolve("runs/a") == user / "runs" / "a"
+    assert nb.resolve("captures/control") == user / "captures" / "control"  # theirs wins over the bundled one
+    assert nb.resolve("runs/typo") == user / "runs" / "typo"  # a missing path is named where they typed it
+    monkeypatch.delenv(nb.CWD_ENV)
     monkeypatch.setenv(nb.ROOT_ENV, str(tmp_path))
-    assert nb.resolve("c") == tmp_path / "c"
+    assert nb.resolve("work") == tmp_path / "work"  # not in the cwd: the root named by $WORKBENCH_ROOT

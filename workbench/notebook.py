@@ -10,6 +10,13 @@ and ends with ``nb.assert_gates()``. In between, every check that CI should enfo
     nb.gate("aa_noise_rel_l2", value=noise, threshold=max_aa_rel_l2)          # value <= threshold
     nb.gate("first_divergence_layer", value=layer, threshold=3, op="==")
 
+Gates are of two kinds (``kind``): *regression* gates need no planted answer (the A/A repeat
+agrees, no key diverges, the tokens agree) and *expectation* gates compare a finding with an
+expected value that the user gave (a parameter) or that a bundled capture carries:
+:func:`expect` records one only when an expectation exists, and otherwise only reports the
+finding. What a notebook found is stated in words with :func:`finding`; ``workbench run``
+collects the findings into results.json and index.html.
+
 A gate is displayed as a cell output carrying a machine-readable record (mimetype
 :data:`GATE_MIMETYPE`: name, value, threshold, op, passed) next to a readable line, so the
 executed notebook itself is the record: ``workbench run`` reads the gates back from the outputs,
@@ -29,10 +36,12 @@ from typing import Any
 
 from workbench.errors import GateError, WorkbenchError
 
-__all__ = ["GATE_MIMETYPE", "Gate", "setup", "repo_root", "resolve", "gate", "gates",
-           "reset_gates", "assert_gates", "show", "explore"]
+__all__ = ["GATE_MIMETYPE", "FINDING_MIMETYPE", "Gate", "setup", "repo_root", "resolve", "gate", "gates",
+           "expect", "finding", "findings", "reset_gates", "assert_gates", "show", "explore"]
 
 GATE_MIMETYPE = "application/vnd.workbench.gate+json"
+FINDING_MIMETYPE = "application/vnd.workbench.finding+json"
+CWD_ENV = "WORKBENCH_CWD"
 ROOT_ENV = "WORKBENCH_ROOT"
 
 _OPS = {
@@ -55,10 +64,11 @@ class Gate:
     op: str = "<="
     passed: bool = True
     help: str = ""
+    kind: str = "regression"  # or "expectation"
 
     def line(self) -> str:
         verdict = "PASS" if self.passed else "FAIL"
-        return f"gate {self.name}: {verdict}  {_fmt(self.value)} {self.op} {_fmt(self.threshold)}" + (
+        return f"{self.kind} gate {self.name}: {verdict}  {_fmt(self.value)} {self.op} {_fmt(self.threshold)}" + (
             f"  ({self.help})" if self.help else "")
 
     def to_dict(self) -> dict:
@@ -105,10 +115,19 @@ def repo_root(start: str | os.PathLike | None = None) -> Path:
 
 
 def resolve(path: str | os.PathLike) -> Path:
-    """A notebook parameter path: absolute as given, relative paths against :func:`repo_root`,
-    so that the same defaults work in JupyterLab (cwd = notebooks/) and under ``workbench run``."""
+    """A notebook parameter path, as any command-line tool reads one: absolute as given, relative
+    to the directory the user ran from (``workbench run`` passes it as ``$WORKBENCH_CWD``; in
+    JupyterLab the notebook's folder). Only a relative path that does not exist there is looked
+    up in the repository root (:func:`repo_root`), so the bundled defaults (``captures/control``)
+    work from anywhere."""
     p = Path(os.path.expanduser(str(path)))
-    return p if p.is_absolute() else repo_root() / p
+    if p.is_absolute():
+        return p
+    here = Path(os.environ.get(CWD_ENV) or os.getcwd()) / p
+    if here.exists():
+        return here
+    bundled = repo_root() / p
+    return bundled if bundled.exists() else here
 
 
 def setup(*, renderer: str | None = "plotly_mimetype") -> None:
@@ -152,7 +171,7 @@ def explore(figure, **controls):
 # -- gates -----------------------------------------------------------------------------------------
 
 def gate(name: str, value: Any, threshold: Any, *, op: str = "<=", help: str = "",
-         display: bool = True) -> None:
+         display: bool = True, kind: str = "regression") -> None:
     """Record the check ``value <op> threshold`` under ``name`` and display it.
 
     Parameters
@@ -162,6 +181,7 @@ def gate(name: str, value: Any, threshold: Any, *, op: str = "<=", help: str = "
     op: one of ``<=``, ``<``, ``>=``, ``>``, ``==``, ``!=``
     help: what the gate protects, shown next to it
     display: show the gate as a cell output (the runner reads it from there)
+    kind: "regression" (a check with no planted answer) or "expectation" (see :func:`expect`)
 
     A failing gate does not raise here, :func:`assert_gates` does; :func:`gates` lists them.
     """
@@ -178,8 +198,11 @@ def gate(name: str, value: Any, threshold: Any, *, op: str = "<=", help: str = "
                              key=name, fix="pass comparable values (numbers)") from None
     if isinstance(value, float) and math.isnan(value):
         passed = False
+    if kind not in ("regression", "expectation"):
+        raise WorkbenchError(f"gate {name!r}: kind must be 'regression' or 'expectation', got {kind!r}", key="kind",
+                             fix="pass kind='regression' or kind='expectation'")
     g = Gate(name=name, value=_jsonable(value), threshold=_jsonable(threshold), op=op,
-             passed=passed, help=help)
+             passed=passed, help=help, kind=kind)
     _GATES[name] = g
     if display:
         _display_gate(g)
@@ -199,13 +222,61 @@ def _display_gate(g: Gate) -> None:
     display({GATE_MIMETYPE: g.to_dict(), "text/html": html_out, "text/plain": g.line()}, raw=True)
 
 
+def expect(name: str, value: Any, expected: Any, *, help: str = "", display: bool = True) -> bool | None:
+    """An expectation gate ``value == expected``, recorded only when ``expected`` is given.
+
+    With ``expected`` None the finding stands on its own: nothing is gated (a user's capture with
+    no expectation runs to the end and reports), and None is returned; else the gate's verdict.
+    """
+    if expected is None:
+        if display:
+            from IPython.display import display as show
+            show({"text/plain": f"expectation {name}: none given; found {_fmt(value)}"}, raw=True)
+        return None
+    gate(name, value, expected, op="==", help=help, display=display, kind="expectation")
+    return _GATES[name].passed
+
+
+_FINDINGS: list[dict] = []
+
+
+def finding(text: str, *, display: bool = True, **data: Any) -> None:
+    """State what the notebook found, in words (and optional machine-readable ``data``).
+
+    Shown as a cell output with a machine-readable record (:data:`FINDING_MIMETYPE`) that
+    ``workbench run`` writes to results.json and shows in index.html.
+
+    Example
+    -------
+    >>> nb.finding("first divergence: rank 0, step 0, layer 2, mlp.down_proj/output, rel_l2 2.8e-3 "
+    ...            "= 40x its A/A noise", layer=2)                                       # doctest: +SKIP
+    """
+    if not isinstance(text, str) or not text.strip():
+        raise WorkbenchError(f"a finding is a non-empty sentence, got {text!r}", key="text",
+                             fix="say what the data showed, e.g. finding('tokens identical for 64/64 steps')")
+    rec = {"text": text.strip(), "data": {k: _jsonable(v) for k, v in data.items()}}
+    _FINDINGS.append(rec)
+    if display:
+        from IPython.display import display as show
+        show({FINDING_MIMETYPE: rec, "text/plain": f"finding: {rec['text']}",
+              "text/html": f"<div class='workbench-finding' style='font-weight:600'>finding: "
+                           f"{html.escape(rec['text'])}</div>"}, raw=True)
+
+
+def findings() -> list[dict]:
+    """Findings stated so far in this kernel, in order."""
+    return list(_FINDINGS)
+
+
 def gates() -> list[Gate]:
     """Gates recorded so far in this kernel, in recording order."""
     return list(_GATES.values())
 
 
 def reset_gates() -> None:
+    """Forget recorded gates and findings (``setup()`` does this)."""
     _GATES.clear()
+    _FINDINGS.clear()
 
 
 def assert_gates(*, require: int = 1) -> None:

@@ -59,6 +59,26 @@ class DivergenceAccessor:
         return {f: row[f].item() for f in (*KEY_FIELDS, "seq", "status", "metric", "value", "threshold", "aa")
                 if f in row.variables}
 
+    def finding(self) -> str:
+        """The first divergence in one sentence: its key, its error and how far past its A/A
+        noise (or its fixed threshold) it is; or that nothing diverges."""
+        first = self.first()
+        n = int(self._keyed().exceeded.sum())
+        if first is None:
+            return f"no key diverges beyond its threshold ({self._ds.sizes['key']} keys compared)"
+        where = (f"rank {first['rank']}, step {first['step']}, layer {first['layer']}, "
+                 f"{first['op']}/{first['name']}")
+        v, aa, th = float(first["value"]), float(first.get("aa", float("nan"))), float(first["threshold"])
+        if first.get("status") in ("shape_mismatch", "nonfinite"):
+            how = f"{first['status'].replace('_', ' ')}"
+        elif aa == aa and aa > 0:
+            how = f"{first['metric']} {v:.2e} = {v / aa:.0f}x its A/A noise ({aa:.1e})"
+        elif aa == 0:
+            how = f"{first['metric']} {v:.2e} where the A/A repeat is bit-identical"
+        else:
+            how = f"{first['metric']} {v:.2e} > threshold {th:.1e}"
+        return f"first divergence: {where}, {how}; {n} key(s) beyond their threshold"
+
     def around(self, before: int = 4, after: int = 8) -> xr.Dataset:
         """The keys from ``before`` keys ahead of the first divergence to ``after`` keys past it
         (the first ``before + after + 1`` keys when nothing diverges)."""

@@ -28,7 +28,36 @@ from workbench.capture.format import KEY_FIELDS
 from workbench.capture.reader import Capture, open_capture
 from workbench.errors import AnalysisError
 
-__all__ = ["graft", "key_of"]
+__all__ = ["graft", "key_of", "key_text", "parse_key"]
+
+
+def key_text(key) -> str:
+    """``"rank=0 step=0 layer=3 op=qsa name=partial_o"`` of a key (dict, row or tuple); "none" for None."""
+    if key is None:
+        return "none"
+    k = key_of(key)
+    return " ".join(f"{f}={v}" for f, v in zip(KEY_FIELDS, k))
+
+
+def parse_key(text: str) -> dict | None:
+    """The key of ``"rank=0 step=0 layer=3 op=qsa name=partial_o"`` (every field required), or None
+    for ``"none"`` (no divergence expected). A malformed text is an AnalysisError saying why."""
+    t = str(text).strip()
+    if t.lower() == "none":
+        return None
+    fields = dict(p.split("=", 1) for p in t.split() if "=" in p)
+    bad = [p for p in t.split() if "=" not in p]
+    missing = [f for f in KEY_FIELDS if f not in fields]
+    extra = sorted(set(fields) - set(KEY_FIELDS))
+    if bad or missing or extra or not t:
+        raise AnalysisError(f"an expected key names all of {list(KEY_FIELDS)} as field=value, got {text!r}"
+                            + (f" (missing {missing})" if missing else "") + (f" (unknown {extra})" if extra else ""),
+                            key="expect", fix="write e.g. 'rank=0 step=0 layer=3 op=qsa name=partial_o', or 'none'")
+    try:
+        return {f: (int(fields[f]) if f in ("rank", "step", "layer") else fields[f]) for f in KEY_FIELDS}
+    except ValueError:
+        raise AnalysisError(f"rank, step and layer of an expected key are integers, got {text!r}", key="expect",
+                            fix="write e.g. 'rank=0 step=0 layer=3 op=qsa name=partial_o'") from None
 
 def key_of(row) -> tuple:
     """(rank, step, layer, op, name) of a table row, a dict or a tuple."""

@@ -20,7 +20,7 @@ from typing import Any, Mapping, Sequence
 
 from workbench._atomic import atomic_write_json
 from workbench.errors import NotebookError, NotebookFailure
-from workbench.notebook import GATE_MIMETYPE, repo_root
+from workbench.notebook import FINDING_MIMETYPE, GATE_MIMETYPE, repo_root
 from workbench.runner.kernel import kernel_env
 from workbench.runner.params import _bind, find_notebooks, parse_parameters, read_notebook
 from workbench.runner.report import copy_plotly_js, export_html, write_index
@@ -37,6 +37,7 @@ class NotebookResult:
     status: str  # "passed" | "failed" (a cell raised or a gate is false) | "error" (kernel, export)
     parameters: dict = field(default_factory=dict)
     gates: list = field(default_factory=list)
+    findings: list = field(default_factory=list)  # what the notebook found, in words (nb.finding)
     error: dict | None = None
     ipynb: str | None = None
     html: str | None = None
@@ -121,13 +122,17 @@ def _execute(path: Path, dest: Path, params: dict, kernel: str, timeout: float, 
                               ename=type(e).__name__, evalue=str(e), stage="execute") from e
 
 
-def _collect(src_nb, executed_nb, rel: str) -> tuple[list[dict], NotebookFailure | None]:
-    """The gates the notebook recorded (the last record of each name) and its first cell error."""
+def _collect(src_nb, executed_nb, rel: str) -> tuple[list[dict], list[dict], NotebookFailure | None]:
+    """The gates the notebook recorded (the last record of each name), its findings and its first
+    cell error."""
     gates: dict[str, dict] = {}
+    found: list[dict] = []
     error = None
     for i, cell in enumerate(executed_nb.cells):
         for out in cell.get("outputs", []) if cell.cell_type == "code" else []:
             data = out.get("data", {})
+            if FINDING_MIMETYPE in data:
+                found.append({**data[FINDING_MIMETYPE], "cell": _source_cell_number(src_nb, executed_nb, i)})
             if GATE_MIMETYPE in data:
                 g = dict(data[GATE_MIMETYPE])
                 g["cell"] = _source_cell_number(src_nb, executed_nb, i)
@@ -139,7 +144,7 @@ def _collect(src_nb, executed_nb, rel: str) -> tuple[list[dict], NotebookFailure
                 error = NotebookFailure(f"{rel}: cell {n} raised {out.get('ename')}", notebook=rel, cell=n,
                                         ename=out.get("ename") or "", evalue=out.get("evalue") or "",
                                         source=first[:120], execution_count=cell.get("execution_count"))
-    return list(gates.values()), error
+    return list(gates.values()), found, error
 
 
 def _judge(gates: list[dict], error: NotebookFailure | None, rel: str) -> None:
@@ -173,6 +178,7 @@ def _run_one(path: Path, src_nb, params: dict, *, out: Path, kernel: str, timeou
     dest = out / f"{path.stem}.ipynb"
     t0 = time.perf_counter()
     gates: list[dict] = []
+    found: list[dict] = []
     executed = page = None
     failure: NotebookFailure | None = None
     try:
@@ -182,7 +188,7 @@ def _run_one(path: Path, src_nb, params: dict, *, out: Path, kernel: str, timeou
     if dest.exists():
         import nbformat
         executed = nbformat.read(dest, as_version=4)
-        gates, cell_error = _collect(src_nb, executed, rel)
+        gates, found, cell_error = _collect(src_nb, executed, rel)
         if failure is None:
             try:
                 _judge(gates, cell_error, rel)
@@ -200,7 +206,7 @@ def _run_one(path: Path, src_nb, params: dict, *, out: Path, kernel: str, timeou
         status = "error"  # the run or its report broke, not the notebook's checks
     else:
         status = "failed"  # a cell raised or a gate is false
-    return NotebookResult(notebook=rel, status=status, parameters=_jsonable(params), gates=gates,
+    return NotebookResult(notebook=rel, status=status, parameters=_jsonable(params), gates=gates, findings=found,
                           error=None if failure is None else failure.to_dict(),
                           ipynb=dest.name if executed is not None else None,
                           html=page.name if page else None, seconds=round(seconds, 2))

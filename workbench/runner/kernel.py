@@ -9,7 +9,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from workbench.notebook import ROOT_ENV
+from workbench.notebook import CWD_ENV, ROOT_ENV
 
 __all__ = ["KERNEL_NAME", "kernel_env"]
 
@@ -20,7 +20,7 @@ KERNEL_NAME = "workbench-python"
 def kernel_env(root: Path):
     """A kernelspec named KERNEL_NAME that runs this very interpreter, visible through a temporary
     JUPYTER_PATH entry, and WORKBENCH_ROOT for the kernel (it inherits the environment)."""
-    saved = {k: os.environ.get(k) for k in ("JUPYTER_PATH", ROOT_ENV, "PYDEVD_DISABLE_FILE_VALIDATION")}
+    saved = {k: os.environ.get(k) for k in ("JUPYTER_PATH", ROOT_ENV, CWD_ENV, "PYDEVD_DISABLE_FILE_VALIDATION")}
     with tempfile.TemporaryDirectory(prefix="workbench-kernel-") as tmp:
         kdir = Path(tmp) / "kernels" / KERNEL_NAME
         kdir.mkdir(parents=True)
@@ -30,6 +30,7 @@ def kernel_env(root: Path):
         (kdir / "kernel.json").write_text(json.dumps(spec, indent=1))
         os.environ["JUPYTER_PATH"] = os.pathsep.join(filter(None, [tmp, saved["JUPYTER_PATH"]]))
         os.environ[ROOT_ENV] = str(root)
+        os.environ[CWD_ENV] = os.getcwd()  # relative paths in parameters are the user's, as in any CLI
         os.environ["PYDEVD_DISABLE_FILE_VALIDATION"] = "1"  # frozen-modules warning on stderr
         try:
             yield KERNEL_NAME

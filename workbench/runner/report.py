@@ -104,10 +104,11 @@ def write_index(res) -> Path:
         if r.status != "passed" and r.error:
             err = html.escape(f"cell {r.error.get('cell')}: {r.error.get('ename')}: "
                               f"{(r.error.get('evalue') or '').splitlines()[0] if r.error.get('evalue') else ''}")
+        found = "<br>".join(html.escape(f["text"]) for f in getattr(r, "findings", []))
         link = f"<a href='{html.escape(r.html)}'>{html.escape(r.notebook)}</a>" if r.html else html.escape(r.notebook)
         nb = f" <a href='{html.escape(r.ipynb)}'>.ipynb</a>" if r.ipynb else ""
         rows.append(f"<tr><td>{link}{nb}</td><td style='color:{color};font-weight:bold'>{r.status}</td>"
-                    f"<td>{sum(g['passed'] for g in r.gates)}/{len(r.gates)}</td><td>{gate_cells}</td>"
+                    f"<td>{found}</td><td>{sum(g['passed'] for g in r.gates)}/{len(r.gates)}</td><td>{gate_cells}</td>"
                     f"<td>{err}</td><td>{r.seconds:.1f} s</td></tr>")
     verdict = "all notebooks passed" if res.ok else "FAILED"
     page = f"""<!DOCTYPE html>
@@ -115,7 +116,7 @@ def write_index(res) -> Path:
 <style>body{{font-family:sans-serif;margin:2em}} table{{border-collapse:collapse}}
 td,th{{border:1px solid #d0d7de;padding:4px 8px;text-align:left;vertical-align:top}}</style></head>
 <body><h1>workbench reports: {verdict}</h1>
-<table><tr><th>notebook</th><th>status</th><th>gates</th><th>gate names</th><th>error</th><th>time</th></tr>
+<table><tr><th>notebook</th><th>status</th><th>findings</th><th>gates</th><th>gate names</th><th>error</th><th>time</th></tr>
 {''.join(rows)}
 </table><p><a href="results.json">results.json</a></p></body></html>
 """
