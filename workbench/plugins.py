@@ -91,6 +91,7 @@ class Registry:
         self._loaded: dict[str, Any] = {}
         self._eps_loaded = group is None
         self._lock = threading.RLock()
+        self.version = 0  # bumped whenever the set of entries changes (for callers' caches)
 
     # -- registration ---------------------------------------------------------------------------
     def register(self, name: str, target: Any, *, replace: bool = True, source: str = "registered",
@@ -113,6 +114,7 @@ class Registry:
                                   fix="choose another name or pass replace=True")
             self._entries[name] = Entry(name, target, source, dict(meta))
             self._loaded.pop(name, None)
+            self.version += 1
 
     def _load_entry_points(self) -> None:
         if self._eps_loaded:
@@ -137,6 +139,7 @@ class Registry:
                               self._warning, stacklevel=4)
                 continue
             self._entries[ep.name] = Entry(ep.name, ep.value, f"entry point {ep.value}")
+            self.version += 1
 
     # -- queries --------------------------------------------------------------------------------
     def names(self) -> list[str]:
@@ -223,6 +226,7 @@ class Registry:
         with self._lock:
             entries, loaded, eps = state
             self._entries, self._loaded = dict(entries), dict(loaded)
+            self.version += 1
             self._eps_loaded = False if reload_entry_points and self.group else eps
 
 

@@ -65,7 +65,16 @@ def register_backend(
                       description=description)
 
 
+_FAMILIES: dict[str, tuple[int, dict[str, BackendInfo]]] = {}  # family -> (REGISTRY.version, members)
+
+
 def _family(family: str) -> dict[str, BackendInfo]:
+    """The backends of ``family`` (name -> info), rebuilt only when the registry changed: every
+    kernel call asks for them."""
+    cached = _FAMILIES.get(family)
+    if cached is not None and cached[0] == REGISTRY.version:
+        return cached[1]
+
     def members():
         out = {}
         for key in REGISTRY.names():
@@ -89,6 +98,7 @@ def _family(family: str) -> dict[str, BackendInfo]:
             f"unknown kernel family {family!r}", key="family",
             fix=f"use one of {sorted({k.partition('.')[0] for k in REGISTRY.names()})}",
         )
+    _FAMILIES[family] = (REGISTRY.version, fam)
     return fam
 
 
@@ -200,7 +210,7 @@ def backends(family: str, *, by_op: bool = False) -> pd.DataFrame:
         mod, ok, reason = _probe(info)
         knobs = honoured_knobs(family, name)
         rows.append(dict(name=name, available=ok, reason=reason, ops=list(_module_ops(mod)),
-                         devices=list(getattr(mod, "DEVICES", ("cpu", "cuda"))),
+                         devices=list(devices(family, name)),
                          knobs="policy does not apply (FP64 truth)" if knobs is None else
                          {k: ("any" if v is None else _text(v) if isinstance(v, range) else list(v))
                           for k, v in knobs.items()},
@@ -252,8 +262,7 @@ def honoured_knobs(family: str, name: str, op: str | None = None) -> dict[str, t
     ``family`` reads (None: every op's); None when the policy does not apply to the backend
     (an FP64 oracle)."""
     from workbench.numerics.policy import DEFAULT
-    fam = _family(family)
-    mod = _import(fam[name]) if name in fam else None
+    mod = _module(family, name)
     declared = getattr(mod, "KNOBS", {}) if mod is not None else {}
     if declared is None:
         return None
@@ -290,9 +299,12 @@ def check_policy(family: str, name: str, policy, op: str | None = None) -> None:
 
 def devices(family: str, name: str) -> tuple[str, ...]:
     """The torch device types backend ``name`` runs on (its module's ``DEVICES``; default cpu and cuda)."""
+    return tuple(getattr(_module(family, name), "DEVICES", ("cpu", "cuda")))
+
+
+def _module(family: str, name: str) -> ModuleType | None:
     fam = _family(family)
-    mod = _import(fam[name]) if name in fam else None
-    return tuple(getattr(mod, "DEVICES", ("cpu", "cuda")))
+    return _import(fam[name]) if name in fam else None
 
 
 def _honours(family: str, name: str, op: str | None, knob: str, value) -> bool:
