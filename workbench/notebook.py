@@ -37,7 +37,7 @@ from typing import Any
 from workbench.errors import GateError, WorkbenchError
 
 __all__ = ["GATE_MIMETYPE", "FINDING_MIMETYPE", "Gate", "setup", "repo_root", "resolve", "gate", "gates",
-           "expect", "finding", "findings", "reset_gates", "assert_gates", "show", "explore"]
+           "expect", "expectations", "finding", "findings", "reset_gates", "assert_gates", "show", "explore"]
 
 GATE_MIMETYPE = "application/vnd.workbench.gate+json"
 FINDING_MIMETYPE = "application/vnd.workbench.finding+json"
@@ -235,6 +235,31 @@ def expect(name: str, value: Any, expected: Any, *, help: str = "", display: boo
         return None
     gate(name, value, expected, op="==", help=help, display=display, kind="expectation")
     return _GATES[name].passed
+
+
+def expectations(text: str, fields: dict[str, type], *, metadata: dict | None = None) -> dict[str, Any]:
+    """Parse an expectation parameter ``"step=0 tied=67,692 pick=67"`` into typed values.
+
+    ``fields`` maps each allowed field to its type (``int``, ``float``, ``str`` or ``list``: a
+    comma-separated list of ints). ``"metadata"`` returns ``metadata`` (a bundled capture's
+    expectations, used only as gate inputs), ``""`` returns ``{}`` (no expectation: nothing is
+    gated). A field not in ``fields`` or a value of the wrong type is a WorkbenchError naming it.
+    """
+    t = str(text or "").strip()
+    if t == "metadata":
+        return {k: v for k, v in (metadata or {}).items() if k in fields and v is not None}
+    out: dict[str, Any] = {}
+    for part in t.split():
+        k, sep, v = part.partition("=")
+        if not sep or k not in fields:
+            raise WorkbenchError(f"expectation {part!r} is not field=value with a field of {sorted(fields)}",
+                                 key="expect", fix=f"write e.g. '{' '.join(f'{f}=...' for f in fields)}', or ''")
+        try:
+            out[k] = [int(x) for x in v.split(",") if x] if fields[k] is list else fields[k](v)
+        except ValueError:
+            raise WorkbenchError(f"expectation {k}={v!r} is not a {fields[k].__name__}", key="expect",
+                                 fix=f"write {k}=<{fields[k].__name__}>") from None
+    return out
 
 
 _FINDINGS: list[dict] = []

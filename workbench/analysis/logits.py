@@ -22,7 +22,7 @@ from workbench.errors import KernelArgumentError, KeyNotFoundError
 from workbench.kernels.sampling import greedy, log_softmax
 from workbench.numerics.dtypes import canonical, round_to, torch_dtype, ulp_of
 
-__all__ = ["logit_rounding", "logit_rounding_capture", "greedy_parity", "captured_logits",
+__all__ = ["logit_rounding", "logit_rounding_capture", "logit_ties", "greedy_parity", "captured_logits",
            "ulp_steps", "TIE_RULE"]
 
 TIE_RULE = "first (lowest) token index among the maxima (workbench.kernels.sampling.greedy)"
@@ -325,4 +325,199 @@ def greedy_parity(control, candidate, *, dtype: str = "bf16", op: str = "sampler
                     n_steps=int(ra.shape[0]), n_same=int(ds.same.sum()),
                     first_mismatch=int(steps[bad[0]]) if len(bad) else -1,
                     control=_describe(control), candidate=_describe(candidate))
+    return ds
+
+
+def _arm_logits(cap: Capture, spec: str | None) -> tuple[tuple[str, str], torch.Tensor, np.ndarray]:
+    from workbench.analysis.tokens import find_logits, parse_tensor
+
+    op, name = parse_tensor(spec, "logits") if spec else find_logits(cap)
+    rank = int(cap.select(op=op, name=name).index["rank"].min()) if len(cap.select(op=op, name=name)) else 0
+    rows, coords = captured_logits(cap, op=op, name=name, rank=rank)
+    return (op, name), rows, coords["step"]
+
+
+def _arm_truth(cap: Capture, logit_spec, hidden: str | None, weight, vocab: int):
+    """FP64 logits per step from the arm's own hidden states and the lm_head weight, or None."""
+    from workbench.analysis.tokens import find_hidden, load_weight, parse_tensor
+
+    h_spec = parse_tensor(hidden, "hidden") if hidden else find_hidden(cap, logit_spec)
+    if h_spec is None:
+        return None, f"{cap.arm}: no lm_head input recorded next to {'/'.join(logit_spec)}"
+    rank = int(cap.select(op=h_spec[0], name=h_spec[1]).index["rank"].min())
+    h, coords = captured_logits(cap, op=h_spec[0], name=h_spec[1], rank=rank)
+    if isinstance(weight, torch.Tensor):
+        w, where = weight, "the weight given"
+    else:
+        w, where = load_weight(cap, weight, vocab=vocab, hidden=int(h.shape[-1]))
+    if w is None:
+        return None, where
+    if w.shape != (vocab, h.shape[-1]):
+        raise KernelArgumentError(f"weight must be [V={vocab}, D={h.shape[-1]}], got {tuple(w.shape)}", key="weight",
+                                  fix="pass the lm_head weight as nn.Linear stores it")
+    truth = h.double() @ w.double().T
+    return (truth, coords["step"]), (f"FP64 product of {'/'.join(h_spec)} ({canonical(h.dtype)}) and the lm_head "
+                                     f"weight {where} ({canonical(w.dtype)})")
+
+
+def _fmt_tokens(toks) -> str:
+    return ", ".join(str(int(t)) for t in toks)
+
+
+def logit_ties(control, candidate, *, logits: str | None = None, tokens: str | None = None,
+               hidden: str | None = None, weight=None, dtype: str | None = None, step: int | None = None,
+               regret_limit: float = 0.05) -> xr.Dataset:
+    """Which tokens tie in each arm's materialized logits, what the tie rule and the FP64 truth
+    pick, and at which step that decides the arms' tokens; found from the tensors alone.
+
+    Parameters
+    ----------
+    control, candidate: captures (or paths) holding logits at layer -1 every step
+    logits: ``"op/name"`` of the logits in both arms (default: detected per arm,
+        :func:`workbench.analysis.tokens.find_logits`)
+    tokens: ``"op/name"`` of the sampled tokens (default: detected; else the argmax of the logits)
+    hidden: ``"op/name"`` of the lm_head input (default: the ``input`` of the logits' op when recorded)
+    weight: the lm_head weight ``[V, D]``: a tensor, ``"op/name"`` in the capture, or
+        ``"file.safetensors:tensor"`` (default: detected in the capture). With hidden states and a
+        weight the truth is their FP64 product per arm and step; without, it is the arm with the
+        more precise logits (widened), and only at steps whose prefixes agree
+    dtype: the dtype the sampler sees (default: each arm's captured logits dtype)
+    step: the step to explain (default: the first step whose tokens differ; else the first tie the
+        tie rule decides against the truth; else the narrowest FP64 margin)
+
+    Returns
+    -------
+    xarray.Dataset along ``step`` and ``arm`` (control, candidate): ``n_tied`` (tokens equal to
+    the materialized maximum), ``chosen`` (the tie rule's pick, lowest index), ``truth_token``,
+    ``regret`` (nats, golden = the truth's log-softmax), ``tie_by_index`` (a tie whose pick is not
+    the truth's), ``margin_truth_ulp`` (FP64 top-2 gap in ULPs of the materialized dtype); at the
+    focus step ``truth_focus[arm, vocab]`` and ``materialized_focus[arm, vocab]``; attrs
+    ``focus_step``, ``focus_reason``, ``truth_source``, ``first_differing_step``, ``tied_tokens``,
+    ``sentence``.
+
+    Example
+    -------
+    >>> ds = logit_ties("captures/tie-control", "captures/tie-candidate")   # doctest: +SKIP
+    >>> ds.attrs["focus_step"], ds.attrs["tied_tokens"]                      # doctest: +SKIP
+    (0, [67, 692])
+    """
+    from workbench.analysis.tokens import token_agreement
+
+    arms = {"control": _open(control), "candidate": _open(candidate)}
+    got = {a: _arm_logits(c, logits) for a, c in arms.items()}
+    V = {int(r.shape[-1]) for _, r, _ in got.values()}
+    if len(V) != 1:
+        raise KernelArgumentError(f"the arms' vocabularies differ: {sorted(V)}", key="logits",
+                                  fix="compare runs of the same model (or name the logits with logits='op/name')")
+    V = V.pop()
+    steps = sorted(set(got["control"][2].tolist()) & set(got["candidate"][2].tolist()))
+    if not steps:
+        raise KernelArgumentError("the arms hold logits at no common step", key="logits",
+                                  fix="record the same decode steps in both arms")
+    rows = {a: r[[list(s).index(t) for t in steps]] for a, (_, r, s) in got.items()}
+    mdt = {a: canonical(dtype) if dtype else canonical(rows[a].dtype) for a in arms}
+    try:
+        agree = token_agreement(arms["control"], arms["candidate"], tokens=tokens, logits=logits)
+        first = int(agree.attrs["first_differing_step"])
+        token_source = agree.attrs["source"]
+    except Exception:  # noqa: BLE001 - no token tensor both arms share: greedy of the logits below
+        agree, first, token_source = None, None, None
+
+    truth, why = {}, []
+    for a, c in arms.items():
+        t, src = _arm_truth(c, got[a][0], hidden, weight, V)
+        if t is None:
+            why.append(src)
+            truth = None
+            break
+        vals, tsteps = t
+        truth[a] = vals[[list(tsteps).index(s) for s in steps]]
+        why.append(src)
+    mat = {a: torch.from_numpy(round_to(rows[a].double(), mdt[a])) for a in arms}
+    chosen = {a: greedy(mat[a]) for a in arms}
+    if first is None:
+        diff = [s for i, s in enumerate(steps) if int(chosen["control"][i]) != int(chosen["candidate"][i])]
+        first = diff[0] if diff else -1
+        token_source = "greedy of the materialized logits"
+    if truth is not None:
+        truth_source = "; ".join(dict.fromkeys(why))
+        valid = np.ones(len(steps), dtype=bool)
+    else:
+        order = ["fp64", "fp32", "bf16", "fp16"]
+        ref = min(arms, key=lambda a: (order.index(canonical(rows[a].dtype)) if canonical(rows[a].dtype) in order
+                                       else 9, a != "candidate"))
+        truth = {a: rows[ref].double() for a in arms}
+        valid = np.array([first < 0 or s <= first for s in steps])
+        truth_source = (f"the {ref}'s {canonical(rows[ref].dtype)} logits widened ({why[0]}; no FP64 truth: pass "
+                        f"hidden= and weight=); used only at steps whose prefixes agree (<= {first if first >= 0 else steps[-1]})")
+    out = {k: [] for k in ("n_tied", "chosen", "truth_token", "regret", "tie_by_index", "margin_truth_ulp")}
+    for a in arms:
+        m, ch, tr = mat[a], chosen[a], truth[a]
+        vmax = m.amax(-1, keepdim=True)
+        n_tied = (m == vmax).sum(-1).numpy()
+        t_tok = greedy(tr).numpy()
+        lp = log_softmax(tr)
+        regret = (lp.amax(-1) - lp.gather(-1, ch[:, None])[:, 0]).numpy()
+        top2 = torch.topk(tr, 2, dim=-1).values
+        gap_ulp = ((top2[:, 0] - top2[:, 1]) / torch.from_numpy(ulp_of(top2[:, 0].numpy(), mdt[a]))).numpy()
+        regret = np.where(valid, regret, np.nan)
+        t_tok = np.where(valid, t_tok, -1)
+        out["n_tied"].append(n_tied)
+        out["chosen"].append(ch.numpy())
+        out["truth_token"].append(t_tok)
+        out["regret"].append(regret)
+        out["tie_by_index"].append((n_tied > 1) & valid & (ch.numpy() != t_tok))
+        out["margin_truth_ulp"].append(np.where(valid, gap_ulp, np.nan))
+    ds = xr.Dataset({k: (("step", "arm"), np.stack(v, axis=-1)) for k, v in out.items()},
+                    coords={"step": steps, "arm": list(arms)})
+    if step is not None:
+        if step not in steps:
+            raise KernelArgumentError(f"step {step} is not held by both arms (steps {steps[0]}..{steps[-1]})",
+                                      key="step", fix="pass a step both captures hold, or step=None")
+        focus, reason = int(step), "the step asked for"
+    elif first >= 0:
+        focus, reason = first, "the first step whose tokens differ"
+    elif ds.tie_by_index.any():
+        focus = int(ds.step.values[ds.tie_by_index.any("arm").values][0])
+        reason = "the first tie the tie rule decides against the truth (tokens agree)"
+    else:
+        m = ds.margin_truth_ulp.min("arm").values
+        focus = int(ds.step.values[int(np.nanargmin(m))]) if np.isfinite(m).any() else steps[0]
+        reason = "the narrowest FP64 top-2 margin (no tie, tokens agree)"
+    i = steps.index(focus)
+    ds["truth_focus"] = (("arm", "vocab"), np.stack([truth[a][i].numpy() for a in arms]))
+    ds["materialized_focus"] = (("arm", "vocab"), np.stack([mat[a][i].numpy() for a in arms]))
+    ds["regret"].attrs["units"] = "nats"
+    ds["margin_truth_ulp"].attrs["units"] = "ULP of each arm's materialized dtype"
+    tied = {}
+    parts = []
+    for a in arms:
+        m = mat[a][i]
+        tk = torch.nonzero(m == m.max()).reshape(-1).tolist()
+        tied[a] = tk
+        sel = ds.sel(step=focus, arm=a)
+        t_tok, regret = int(sel.truth_token), float(sel.regret)
+        text = f"{a} ({mdt[a]}) picks {int(sel.chosen)}"
+        if len(tk) > 1:
+            text += f" from a {len(tk)}-way tie of tokens {_fmt_tokens(tk)} at {float(m.max()):.6g} (tie rule: lowest index)"
+        if t_tok >= 0:
+            tr = truth[a][i]
+            gap = float(tr[t_tok] - tr[int(sel.chosen)])
+            text += (f"; FP64 picks {t_tok} by {gap:.6g} logits = {gap / float(ulp_of(float(tr[t_tok]), mdt[a])):.3g} "
+                     f"{mdt[a]} ULP; regret {regret:.6g} nats" if t_tok != int(sel.chosen) else ", as FP64 does")
+        parts.append(text)
+    head = (f"step {focus}: " + ("the arms pick different tokens; " if int(ds.chosen.sel(step=focus, arm="control"))
+                                 != int(ds.chosen.sel(step=focus, arm="candidate")) else "same token in both arms; "))
+    n_tie = {a: int(ds.tie_by_index.sel(arm=a).sum()) for a in arms}
+    ds.attrs.update(analysis="logit_ties", focus_step=focus, focus_reason=reason, truth_source=truth_source,
+                    first_differing_step=int(first), token_source=token_source, vocab=V,
+                    materialized={a: mdt[a] for a in arms}, tied_tokens=tied["control"] if len(tied["control"]) > 1
+                    else tied["candidate"] if len(tied["candidate"]) > 1 else [], tied_by_arm=tied,
+                    logits={a: "/".join(got[a][0]) for a in arms}, regret_limit=float(regret_limit),
+                    n_ties_by_index=n_tie, tie_rule=TIE_RULE,
+                    sentence=head + "; ".join(parts) + f" ({reason})",
+                    summary=(f"ties decided by index against FP64: control {n_tie['control']}, candidate "
+                             f"{n_tie['candidate']} of {len(steps)} steps; worst regret control "
+                             f"{np.nanmax(ds.regret.sel(arm='control').values) if valid.any() else float('nan'):.3g}, candidate "
+                             f"{np.nanmax(ds.regret.sel(arm='candidate').values) if valid.any() else float('nan'):.3g} nats"))
     return ds

@@ -19,7 +19,7 @@ import xarray as xr
 from workbench.errors import KernelArgumentError
 from workbench.kernels.sampling import draw_intervals
 
-__all__ = ["sampling_flips", "flip_at"]
+__all__ = ["sampling_flips", "sampling_flips_captures", "flip_at"]
 
 
 def _probs(name, p) -> torch.Tensor:
@@ -136,3 +136,68 @@ def flip_at(p_control, p_candidate, u, *, order="index") -> tuple[np.ndarray, np
         lo, tok = _segments(p, order)
         out.append(tok[np.searchsorted(lo, uu, side="right") - 1].astype(np.int64))
     return out[0], out[1]
+
+
+def sampling_flips_captures(control, candidate, *, logits: str | None = None, tokens: str | None = None,
+                            step: int | None = None, temperature: float = 1.0, order="index") -> xr.Dataset:
+    """:func:`sampling_flips` of two captures' logits at one step, chosen from the tensors.
+
+    The logits are detected per arm (:func:`workbench.analysis.tokens.find_logits`) unless
+    ``logits="op/name"`` names them; probabilities are the FP64 softmax at ``temperature``. Only
+    steps whose prefixes agree compare like with like (after the arms' tokens differ, they sample
+    from different contexts), so the flip width and total variation are computed for every step
+    up to and including the first differing step, and ``step=None`` picks the one where the arms'
+    distributions differ most (largest total variation).
+
+    Returns
+    -------
+    the :func:`sampling_flips` Dataset of that step, plus along ``step`` (the compared steps)
+    ``tv_by_step`` and ``width_by_step``; attrs ``step``, ``step_reason``, ``tv`` (total
+    variation at that step), ``first_differing_step``, ``logits`` and ``sentence``.
+    """
+    from workbench.analysis.logits import _arm_logits, _open
+    from workbench.analysis.tokens import token_agreement
+
+    if not (isinstance(temperature, (int, float)) and temperature > 0):
+        raise KernelArgumentError(f"temperature must be > 0, got {temperature!r}", key="temperature",
+                                  fix="pass temperature=1.0")
+    ctl, cand = _open(control), _open(candidate)
+    (sa, ra, st_a), (sb, rb, st_b) = _arm_logits(ctl, logits), _arm_logits(cand, logits)
+    steps = sorted(set(st_a.tolist()) & set(st_b.tolist()))
+    if not steps or ra.shape[-1] != rb.shape[-1]:
+        raise KernelArgumentError(f"the arms' logits share no step of the same vocabulary ({'/'.join(sa)} "
+                                  f"{tuple(ra.shape)}, {'/'.join(sb)} {tuple(rb.shape)})", key="logits",
+                                  fix="compare two runs of the same model over the same steps")
+    try:
+        first = int(token_agreement(ctl, cand, tokens=tokens, logits=logits).attrs["first_differing_step"])
+    except Exception:  # noqa: BLE001 - no shared token tensor: greedy of the logits
+        ga, gb = ra.float().argmax(-1), rb.float().argmax(-1)
+        bad = [s for s in steps if int(ga[list(st_a).index(s)]) != int(gb[list(st_b).index(s)])]
+        first = bad[0] if bad else -1
+    compared = [s for s in steps if first < 0 or s <= first]
+    pa = {s: torch.softmax(ra[list(st_a).index(s)].double() / temperature, -1) for s in compared}
+    pb = {s: torch.softmax(rb[list(st_b).index(s)].double() / temperature, -1) for s in compared}
+    tv = np.array([0.5 * float((pa[s] - pb[s]).abs().sum()) for s in compared])
+    if step is None:
+        at, reason = compared[int(np.argmax(tv))], "the largest total variation among steps whose prefixes agree"
+    elif step in pa:
+        at, reason = int(step), "the step asked for"
+    else:
+        raise KernelArgumentError(f"step {step} is not comparable: the arms' prefixes agree only at steps "
+                                  f"{compared[0]}..{compared[-1]}", key="step", fix="pass one of those, or step=None")
+    ds = sampling_flips(pa[at], pb[at], order=order)
+    widths = [ds.attrs["total_width"] if s == at else sampling_flips(pa[s], pb[s], order=order).attrs["total_width"]
+              for s in compared]
+    ds = ds.assign_coords(step=("step", compared)).assign(tv_by_step=("step", tv), width_by_step=("step", widths))
+    i = compared.index(at)
+    big = ds.isel(interval=int(np.argmax(ds.width.values))) if ds.sizes["interval"] else None
+    sentence = (f"step {at}: a shared draw u samples different tokens with probability {ds.attrs['total_width']:.6g} "
+                f"({ds.attrs['n_intervals']} interval(s); total variation {tv[i]:.6g})")
+    if big is not None:
+        sentence += (f"; the widest, [{float(big.lo):.6g}, {float(big.hi):.6g}), flips token {int(big.token_control)} "
+                     f"-> {int(big.token_candidate)}")
+    sentence += f" ({reason}; {len(compared)} step(s) compared)"
+    ds.attrs.update(step=int(at), step_reason=reason, tv=float(tv[i]), first_differing_step=int(first),
+                    logits={"control": "/".join(sa), "candidate": "/".join(sb)}, temperature=float(temperature),
+                    sentence=sentence, max_width=float(max(widths)))
+    return ds

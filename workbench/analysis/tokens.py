@@ -15,6 +15,8 @@ Example
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import torch
 import xarray as xr
@@ -22,7 +24,7 @@ import xarray as xr
 from workbench.capture.reader import Capture, open_capture
 from workbench.errors import AnalysisError
 
-__all__ = ["find_tokens", "find_logits", "token_agreement", "parse_tensor"]
+__all__ = ["find_tokens", "find_logits", "find_hidden", "load_weight", "token_agreement", "parse_tensor"]
 
 _INT = ("int64", "int32", "int16", "int8", "uint8")
 _FLOAT = ("fp32", "bf16", "fp16", "fp64")
@@ -144,3 +146,79 @@ def token_agreement(control, candidate, *, tokens: str | None = None, logits: st
     ds.attrs.update(analysis="token_agreement", source=source, n_steps=len(steps), n_agree=n,
                     first_differing_step=int(first), sentence=sentence)
     return ds
+
+
+def _has(cap: Capture, op: str, name: str) -> bool:
+    return bool(((cap.index["op"] == op) & (cap.index["name"] == name)).any())
+
+
+def find_hidden(cap, logits: tuple[str, str]) -> tuple[str, str] | None:
+    """The hidden states entering the lm_head: the ``input`` of the op that produced the logits,
+    at every step, whose last dim is the weight's D (None: the capture does not hold them)."""
+    cap = _cap(cap)
+    op = logits[0]
+    for name in ("input", "inputs.0", "input0", "hidden_states"):
+        if (op, name) in _per_step(cap, cap.index["dtype"].isin(_FLOAT)):
+            return op, name
+    return None
+
+
+def _check_weight(w, where: str, V: int, D: int | None) -> torch.Tensor:
+    if not isinstance(w, torch.Tensor) or not w.is_floating_point() or w.dim() != 2 or w.shape[0] != V or (
+            D is not None and w.shape[1] != D):
+        want = f"[V={V}, D={D if D is not None else '?'}]"
+        raise AnalysisError(f"{where} is not an lm_head weight {want}: got {getattr(w, 'dtype', type(w).__name__)} "
+                            f"{tuple(getattr(w, 'shape', ()))}", key="weight",
+                            fix="name the lm_head weight as stored by nn.Linear ([vocab, hidden], not transposed)")
+    return w
+
+
+def load_weight(cap, spec: str | None, *, vocab: int, hidden: int | None = None) -> tuple[torch.Tensor | None, str]:
+    """The lm_head weight ``[vocab, hidden]`` and where it came from.
+
+    ``spec``: ``"op/name"`` of a tensor in the capture, ``"file.safetensors:tensor"`` (a checkpoint
+    shard; read with safetensors, never unpickled), or empty: detected in the capture (a 2-D float
+    tensor of that shape, preferring one named ``weight``), else ``(None, reason)``.
+    """
+    cap = _cap(cap)
+    if spec:
+        path, sep, key = str(spec).rpartition(":")
+        if sep and path.endswith(".safetensors"):
+            from safetensors import SafetensorError, safe_open
+
+            p = Path(path).expanduser()
+            if not p.is_file():
+                raise AnalysisError(f"weight file {p} does not exist", key="weight", file=p,
+                                    fix="pass weight='path/to/model.safetensors:lm_head.weight'")
+            try:
+                with safe_open(str(p), framework="pt") as f:
+                    if key not in f.keys():
+                        raise AnalysisError(f"{p} has no tensor {key!r} (it has {sorted(f.keys())[:12]}...)",
+                                            key="weight", file=p, fix="name the lm_head weight after the ':'")
+                    w = f.get_tensor(key)
+            except SafetensorError as e:
+                raise AnalysisError(f"{p} is not a readable safetensors file: {e}", key="weight", file=p,
+                                    fix="point weight= at a .safetensors checkpoint shard") from e
+            return _check_weight(w, f"{p}:{key}", vocab, hidden), f"{p.name}:{key}"
+        op, name = parse_tensor(spec, "weight")
+        if not _has(cap, op, name):
+            raise AnalysisError(f"{cap.path} has no tensor {op}/{name}", key="weight", file=cap.path,
+                                fix="name a tensor of the capture ('op/name') or 'file.safetensors:tensor'")
+        v = cap.select(op=op, name=name)
+        return _check_weight(v._tensor(v.index.iloc[0]), f"{cap.path} {op}/{name}", vocab, hidden), f"{op}/{name}"
+    idx = cap.index
+    shapes = idx["shape"].map(lambda s: list(s) == [vocab, hidden] if hidden is not None else
+                              (len(s) == 2 and s[0] == vocab))
+    cands = idx[shapes & idx["dtype"].isin(_FLOAT)].drop_duplicates(["op", "name"])
+    if len(cands) > 1:
+        named = cands[cands["name"] == "weight"]
+        cands = named if len(named) else cands
+    if len(cands) > 1:
+        raise AnalysisError(f"several [vocab={vocab}, {hidden}] tensors in {cap.path} could be the lm_head weight: "
+                            f"{[f'{o}/{n}' for o, n in zip(cands['op'], cands['name'])]}", key="weight",
+                            file=cap.path, fix="name one with weight='op/name'")
+    if len(cands) == 0:
+        return None, f"no [vocab={vocab}, hidden={hidden}] weight in {cap.path}"
+    op, name = cands["op"].iloc[0], cands["name"].iloc[0]
+    v = cap.select(op=op, name=name)
+    return v._tensor(v.index.iloc[0]), f"{op}/{name}"

@@ -37,6 +37,7 @@ REGENERATE = "workbench samples --out captures"
 MAIN_SPEC = RecordSpec()
 LIGHT_SPEC = RecordSpec(detail_steps=(0, 1, 2, 3, 16, 64),
                         every_step=("lm_head/input", "lm_head/logits", "sampler/token"))
+# the lm_head weight lets the notebooks compute FP64 logits from the tensors (hidden @ weight)
 SPLITK_SPEC = dataclasses.replace(LIGHT_SPEC, lm_head_weight=True)
 
 # the tie of DESIGN.md: two fp64 logits that round to the same bf16 value (11.125); greedy takes
@@ -171,10 +172,10 @@ CAPTURES: dict[str, SampleCapture] = {c.name: c for c in [
     SampleCapture("tie-control", _C.replace(name="tie-control"),
                   "two logits tie after bf16 rounding at step 0 (tokens 67 and 692 both 11.125); greedy "
                   "takes the lower index 67 although 692 has the larger fp64 logit",
-                  spec=LIGHT_SPEC, model="tie"),
+                  spec=SPLITK_SPEC, model="tie"),
     SampleCapture("tie-candidate", _C.replace(name="tie-candidate", lm_head=Policy(logits_dtype="fp32")),
                   "the tie model with fp32 logits: the tie is gone and greedy takes 692",
-                  spec=LIGHT_SPEC, model="tie", control="tie-control",
+                  spec=SPLITK_SPEC, model="tie", control="tie-control",
                   expect={"first_divergence": {"rank": 0, "step": 0, "layer": -1, "op": "lm_head", "name": "logits"},
                           "why": "logits materialized in fp32 instead of bf16; the sampler then picks 692 "
                                  "instead of 67 at step 0 (FP64 logits in run['tie'])"}),
