@@ -96,6 +96,10 @@ def _jsonable(x: Any) -> Any:
         return str(x)  # JSON has no NaN/Inf
     if isinstance(x, (bool, int, float, str)) or x is None:
         return x
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    if isinstance(x, dict):
+        return {str(k): _jsonable(v) for k, v in x.items()}
     return str(x)
 
 

@@ -125,3 +125,17 @@ def test_an_html_export_failure_loses_no_other_result(tmp_path, monkeypatch):
     saved = json.loads((tmp_path / "out" / "results.json").read_text())
     assert [n["status"] for n in saved["notebooks"]] == ["error", "passed"]
     assert (tmp_path / "out" / "index.html").exists() and not (tmp_path / "out" / "tour.html").exists()
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=ids)
+def test_papermill_reads_every_parameter(path, caplog):
+    # papermill's own parser (used for its "unknown parameter" warning and --help-notebook) must
+    # see every declared parameter: one '=' per line, annotations it can read ("Optional[int]")
+    from papermill.translators import PythonTranslator
+
+    nb = nbformat.read(path, as_version=4)
+    cell = next(c for c in nb.cells if "parameters" in c.metadata.get("tags", []))
+    with caplog.at_level("WARNING", logger="papermill"):
+        seen = {p.name for p in PythonTranslator.inspect(cell)}
+    assert seen == {p.name for p in parse_parameters(nb, path=path)}
+    assert not [r for r in caplog.records if "Unable to parse" in r.getMessage()]

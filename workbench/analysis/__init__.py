@@ -5,7 +5,7 @@ from workbench.analysis.compare import DEFAULT_RULE, ComparisonResult, Rule, com
 __all__ = ["DEFAULT_RULE", "ComparisonResult", "Rule", "compare_captures"]
 from workbench.analysis.logits import captured_logits, greedy_parity, logit_rounding, logit_rounding_capture, logit_ties
 from workbench.analysis.sampling import flip_at, sampling_flips, sampling_flips_captures
-from workbench.analysis.splitk import splitk_findings, splitk_sweep, splitk_sweep_capture
+from workbench.analysis.splitk import splitk_explain, splitk_findings, splitk_sweep, splitk_sweep_capture
 from workbench.analysis.stats import (
     aa_comparison, abba_blocks, mcnemar_exact, newcombe_paired_ci, paired_binary, paired_binary_table, paired_timing,
 )
@@ -13,7 +13,7 @@ from workbench.analysis.stats import (
 __all__ += [
     "captured_logits", "greedy_parity", "logit_rounding", "logit_rounding_capture", "logit_ties",
     "flip_at", "sampling_flips", "sampling_flips_captures",
-    "splitk_findings", "splitk_sweep", "splitk_sweep_capture",
+    "splitk_explain", "splitk_findings", "splitk_sweep", "splitk_sweep_capture",
     "aa_comparison", "abba_blocks", "mcnemar_exact", "newcombe_paired_ci", "paired_binary", "paired_binary_table",
     "paired_timing",
 ]

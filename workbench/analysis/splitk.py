@@ -23,7 +23,7 @@ from workbench.kernels.sampling import greedy
 from workbench.numerics.dtypes import canonical, round_to
 from workbench.numerics.metrics import compare
 
-__all__ = ["splitk_sweep", "splitk_sweep_capture", "splitk_findings", "CONTROL"]
+__all__ = ["splitk_explain", "splitk_sweep", "splitk_sweep_capture", "splitk_findings", "CONTROL"]
 
 CONTROL = {"splits": 1, "partial_dtype": "fp32", "order": "sequential"}
 
@@ -199,3 +199,85 @@ def splitk_findings(ds: xr.Dataset) -> list[str]:
                              f"{int(ref[f].sum())} fail in fp32 too (reassociation)")
             lines.append(text)
     return lines
+
+
+def splitk_explain(control, candidate=None, *, logits: str | None = None, tokens: str | None = None,
+                   hidden: str | None = None, weight=None, step: int | None = None,
+                   logits_dtype: str | None = None, **sweep) -> xr.Dataset:
+    """Sweep the control's lm_head at the step that matters and say which configurations give
+    each arm's token; found from the tensors.
+
+    The logits, sampled tokens, lm_head input and weight are detected (or named as in
+    :func:`workbench.analysis.logits.logit_ties`; ``weight`` may be ``"file.safetensors:tensor"``).
+    ``step=None`` takes the first step whose tokens differ (else step 0 of the compared steps);
+    ``logits_dtype=None`` the control's captured logits dtype (what its sampler saw). Other keyword
+    arguments go to :func:`splitk_sweep`.
+
+    Returns
+    -------
+    the :func:`splitk_sweep` Dataset, plus ``reproduces_control`` / ``reproduces_candidate``
+    (``[splits, partial_dtype, order]``: the configuration's greedy token is the arm's token at
+    that step); attrs ``step``, ``step_reason``, ``tokens`` (each arm's token there),
+    ``findings`` (sentences).
+    """
+    from workbench.analysis.logits import _arm_logits, _open
+    from workbench.analysis.tokens import find_hidden, load_weight, parse_tensor, token_agreement
+    from workbench.numerics.dtypes import canonical
+
+    ctl = _open(control)
+    cand = _open(candidate) if candidate is not None else None
+    spec, rows, steps = _arm_logits(ctl, logits)
+    first, source = -1, None
+    if cand is not None:
+        agree = token_agreement(ctl, cand, tokens=tokens, logits=logits)
+        first, source = int(agree.attrs["first_differing_step"]), agree.attrs["source"]
+    if step is not None:
+        at, reason = int(step), "the step asked for"
+    elif first >= 0:
+        at, reason = first, "the first step whose tokens differ"
+    else:
+        at, reason = int(steps[0]), ("the first step (the arms' tokens agree)" if cand is not None else
+                                     "the first step (no candidate)")
+    h_spec = parse_tensor(hidden, "hidden") if hidden else find_hidden(ctl, spec)
+    if h_spec is None:
+        raise KernelArgumentError(f"{ctl.path} holds no lm_head input next to {'/'.join(spec)}: nothing to sweep",
+                                  key="hidden", fix="record the lm_head's input, or name it with hidden='op/name'")
+    rank = int(ctl.select(op=h_spec[0], name=h_spec[1]).index["rank"].min())
+    x = ctl.get(op=h_spec[0], name=h_spec[1], step=at, rank=rank, layer=-1)
+    if isinstance(weight, torch.Tensor):
+        w, where = weight, "the weight given"
+    else:
+        w, where = load_weight(ctl, weight, vocab=int(rows.shape[-1]), hidden=int(x.shape[-1]))
+    if w is None:
+        raise KernelArgumentError(f"no lm_head weight: {where}", key="weight",
+                                  fix="pass weight='path/model.safetensors:lm_head.weight' or 'op/name'")
+    ldt = canonical(logits_dtype) if logits_dtype else canonical(rows.dtype)
+    x2 = x.reshape(-1, x.shape[-1])[-1:]
+    ds = splitk_sweep(x2.contiguous(), w.to(x2.dtype).contiguous(), logits_dtype=ldt, **sweep)
+    toks = {}
+    for arm, cap in (("control", ctl), ("candidate", cand)):
+        if cap is None:
+            continue
+        if source and "argmax" not in source:
+            op, name = source.rsplit("/", 1)
+            toks[arm] = int(cap.get(op=op, name=name, step=at, rank=rank, layer=-1).reshape(-1)[-1])
+        else:
+            s, r, st = _arm_logits(cap, logits)
+            toks[arm] = int(r[list(st).index(at)].float().argmax())
+        ds[f"reproduces_{arm}"] = ds.token.isel(row=0) == toks[arm]
+    exact = int(torch.argmax(x2.double() @ w.double().T, dim=-1)[0])
+    picked = int(ds.token_fp64[0])
+    lines = [f"step {at} ({reason}): the FP64 product rounded once to {ldt} gives token {picked}"
+             + (" (also the unrounded FP64 argmax)" if exact == picked else
+                f"; the unrounded FP64 argmax is {exact}: rounding the logits to {ldt} alone changes the token, "
+                "whatever the split")]
+    lines += splitk_findings(ds)
+    for arm, t in toks.items():
+        rep = ds[f"reproduces_{arm}"]
+        where_ = [f"{p} partials, {o}, splits {_ranges([int(s) for s in ds.splits.values[rep.sel(partial_dtype=p, order=o).values]])}"
+                  for p in ds.partial_dtype.values for o in ds.order.values if rep.sel(partial_dtype=p, order=o).any()]
+        lines.append(f"the {arm}'s token {t}" + (" (the FP64 pick)" if t == int(ds.token_fp64[0]) else "")
+                     + " is reproduced by " + ("; ".join(where_) if where_ else "no swept configuration"))
+    ds.attrs.update(step=at, step_reason=reason, tokens=toks, fp64_argmax=exact, token_source=source or "", logits="/".join(spec),
+                    hidden="/".join(h_spec), weight_source=where, findings=lines, logits_dtype=ldt)
+    return ds

@@ -153,14 +153,16 @@ def _has(cap: Capture, op: str, name: str) -> bool:
 
 
 def find_hidden(cap, logits: tuple[str, str]) -> tuple[str, str] | None:
-    """The hidden states entering the lm_head: the ``input`` of the op that produced the logits,
-    at every step, whose last dim is the weight's D (None: the capture does not hold them)."""
+    """The hidden states entering the lm_head: the ``input`` (``inputs.0``, ``hidden_states``) of
+    the op that produced the logits, or its only other float tensor, at every step (None: the
+    capture does not hold them; name them with ``hidden='op/name'``)."""
     cap = _cap(cap)
     op = logits[0]
+    others = [c for c in _per_step(cap, cap.index["dtype"].isin(_FLOAT)) if c[0] == op and c != tuple(logits)]
     for name in ("input", "inputs.0", "input0", "hidden_states"):
-        if (op, name) in _per_step(cap, cap.index["dtype"].isin(_FLOAT)):
+        if (op, name) in others:
             return op, name
-    return None
+    return others[0] if len(others) == 1 else None
 
 
 def _check_weight(w, where: str, V: int, D: int | None) -> torch.Tensor:

@@ -68,7 +68,7 @@ def parse_parameters(nb, *, path: str | os.PathLike | None = None) -> list[Param
 
 def _parse_line(line: str, lineno: int, path) -> Parameter:
     fix = "write one parameter per line as 'name: type = value  # help' with type one of " \
-          f"{list(_TYPES)} (optionally '| None')"
+          f"{list(_TYPES)} (optionally '| None', or quoted \"Optional[int]\" as papermill's own parser reads)"
     helptext, code = "", line
     try:
         for tok in tokenize.generate_tokens(io.StringIO(line).readline):
@@ -85,7 +85,8 @@ def _parse_line(line: str, lineno: int, path) -> Parameter:
         raise ParameterError(f"parameters cell line {lineno} is not 'name: type = value': {line.strip()!r}",
                              file=path, fix=fix)
     node = tree.body[0]
-    typ = ast.unparse(node.annotation).replace(" ", "")
+    ann = node.annotation  # a string annotation ("Optional[int]": papermill's parser reads it, Python never evaluates it)
+    typ = (ann.value if isinstance(ann, ast.Constant) and isinstance(ann.value, str) else ast.unparse(ann)).replace(" ", "")
     optional = False
     if typ.endswith("|None"):
         typ, optional = typ[: -len("|None")], True

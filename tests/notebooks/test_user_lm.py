@@ -1,0 +1,97 @@
+"""logit_rounding, sampling_flips, splitk and first_divergence on captures the workbench never
+made (tests/notebooks/user_lm.py): a tiny random HF Llama recorded with workbench.record, and the
+same runs as SGLang dumper files imported with the sglang importer; no expectation metadata,
+other tensor names (logits_processor/output, next_token_ids/value), relative paths from the
+user's directory, the lm_head weight from a safetensors shard."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from workbench.runner import run_notebooks
+
+from .user_lm import HIGH, LOW, TIE_STEP, write_user_lm
+
+pytest.importorskip("transformers")
+ROOT = Path(__file__).resolve().parents[2]
+WEIGHT = "model.safetensors:lm_head.weight"
+
+
+@pytest.fixture(scope="module")
+def user_lm(tmp_path_factory):
+    d = tmp_path_factory.mktemp("user_lm")
+    write_user_lm(d)
+    return d
+
+
+def _run(d, out, notebook, **params):
+    res = run_notebooks([ROOT / "notebooks" / f"{notebook}.ipynb"], parameters=params, out=out,
+                        html_reports=False, log=lambda *a: None)
+    (r,) = res.notebooks
+    return r
+
+
+def _gates(r):
+    return {g["name"]: g for g in r.gates}
+
+
+def test_logit_rounding_finds_the_tie_with_the_checkpoint_weight(user_lm, tmp_path, monkeypatch):
+    monkeypatch.chdir(user_lm)
+    r = _run(user_lm, tmp_path / "a", "logit_rounding", control="hf-control", candidate="hf-candidate", weight=WEIGHT)
+    assert r.status == "passed", r.describe()
+    first = r.findings[0]
+    assert first["data"] == {"step": TIE_STEP, "tied": [LOW, HIGH], "pick": LOW, "fp64": HIGH}, first
+    assert f"tie of tokens {LOW}, {HIGH}" in first["text"] and "regret 0.03" in first["text"]
+    g = _gates(r)
+    assert set(g) == {"candidate_regret_max", "candidate_ties_by_index"}  # no expectation: nothing else gated
+    right = _run(user_lm, tmp_path / "b", "logit_rounding", control="hf-control", candidate="hf-candidate",
+                 weight=WEIGHT, expect=f"step={TIE_STEP} tied={LOW},{HIGH} pick={LOW} fp64={HIGH} regret=0.03")
+    assert right.status == "passed", right.describe()
+    wrong = _run(user_lm, tmp_path / "c", "logit_rounding", control="hf-control", candidate="hf-candidate",
+                 weight=WEIGHT, expect="step=0 tied=67,692 pick=67 fp64=692")
+    assert wrong.status == "failed"
+    assert sorted(wrong.error["gates"]) == ["fp64_pick", "tie_rule_pick", "tie_step", "tie_tokens"]
+    # the arms swapped: the bf16 arm is now the candidate, and the regression gates catch it
+    swapped = _run(user_lm, tmp_path / "d", "logit_rounding", control="hf-candidate", candidate="hf-control",
+                   weight=WEIGHT)
+    assert swapped.status == "failed" and "candidate_ties_by_index" in swapped.error["gates"]
+
+
+def test_logit_rounding_on_an_sglang_dump_without_the_weight(user_lm, tmp_path, monkeypatch):
+    monkeypatch.chdir(user_lm)
+    r = _run(user_lm, tmp_path / "a", "logit_rounding", control="sg-control", candidate="sg-candidate")
+    assert r.status == "passed", r.describe()
+    assert r.findings[0]["data"]["tied"] == [LOW, HIGH] and r.findings[0]["data"]["fp64"] == HIGH
+
+
+def test_sampling_flips_finds_the_step_and_the_flip(user_lm, tmp_path, monkeypatch):
+    monkeypatch.chdir(user_lm)
+    r = _run(user_lm, tmp_path / "a", "sampling_flips", control="sg-control", candidate="sg-candidate",
+             max_flip_probability=0.5)
+    assert r.status == "passed", r.describe()
+    cap = r.findings[1]
+    assert cap["data"]["step"] == TIE_STEP and f"flips token {LOW} -> {HIGH}" in cap["text"]
+    strict = _run(user_lm, tmp_path / "b", "sampling_flips", control="sg-control", candidate="sg-candidate",
+                  max_flip_probability=1e-4)
+    assert strict.status == "failed" and strict.error["gates"] == ["max_flip_probability"]
+
+
+def test_splitk_says_the_bf16_rounding_alone_flips(user_lm, tmp_path, monkeypatch):
+    monkeypatch.chdir(user_lm)
+    r = _run(user_lm, tmp_path / "a", "splitk", control="sg-control", candidate="sg-candidate", weight=WEIGHT,
+             max_splits=8, orders=["sequential"])
+    assert r.status == "passed", r.describe()
+    assert f"the unrounded FP64 argmax is {HIGH}" in r.findings[0]["text"]
+    assert set(_gates(r)) == {"fp32_partials_flips"}
+
+
+def test_first_divergence_on_the_sglang_import(user_lm, tmp_path, monkeypatch):
+    monkeypatch.chdir(user_lm)
+    r = _run(user_lm, tmp_path / "a", "first_divergence", control="sg-control", candidate="sg-candidate", aa="")
+    assert r.status == "passed", r.describe()
+    texts = [f["text"] for f in r.findings]
+    # the bf16 logits are the only difference: at step 0 they are the first key beyond threshold
+    assert texts[0].startswith("first divergence: rank 0, step 0, layer -1, logits_processor/output"), texts
+    assert any(t.startswith(f"tokens differ from step {TIE_STEP} on") and "next_token_ids/value" in t for t in texts)
