@@ -174,6 +174,8 @@ def cmd_run(args) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="workbench", description=__doc__)
+    p.add_argument("-q", "--quiet", action="store_true",
+                   help="no progress bars (they show only on a terminal anyway; also WORKBENCH_QUIET=1)")
     sub = p.add_subparsers(dest="cmd", required=True)
 
     s = sub.add_parser("inspect", help="show what a capture holds")
@@ -240,6 +242,8 @@ def main(argv: list[str] | None = None) -> int:
             except (ValueError, OSError):
                 pass
     args = build_parser().parse_args(argv)
+    if getattr(args, "quiet", False):
+        os.environ["WORKBENCH_QUIET"] = "1"  # workbench.progress.QUIET_ENV, without importing it here
     try:
         return args.func(args)
     except WorkbenchError as e:

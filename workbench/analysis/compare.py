@@ -281,7 +281,10 @@ def compare_captures(control, candidate, *, aa=None, rules=None, dtype=None,
         aa_idx = rep.index[keys].assign(a_pos=np.arange(len(rep.index)))
         aa_pos = m[keys].merge(aa_idx, on=keys, how="left")["a_pos"].to_numpy()
     records = []
-    for i, r in enumerate(m.to_dict("records")):
+    from workbench.progress import progress
+
+    rows = m.to_dict("records")
+    for i, r in enumerate(progress(rows, desc=f"compare {ctl.arm} / {cand.arm}", unit="key", min_total=200)):
         rec = {f: r[f] for f in keys}
         has_c = not _isnan(r["c_pos"])
         has_d = not _isnan(r["d_pos"])

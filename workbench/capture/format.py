@@ -9,10 +9,10 @@ import json
 import math
 import struct
 from pathlib import Path
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
-import torch
 
 from workbench._atomic import atomic_write_json  # noqa: F401 - re-exported
 from workbench.errors import FormatVersionError, IncompleteCaptureError, ManifestError, UnsafePathError
@@ -24,23 +24,53 @@ KEY_FIELDS = ("rank", "step", "layer", "op", "name")
 INDEX_COLUMNS = ("rank", "step", "layer", "op", "name", "seq", "dtype", "shape", "shard", "offset",
                  "nbytes", "tags")
 
-# index dtype name -> (torch dtype, numpy dtype used to map the bytes, safetensors name)
-DTYPES: dict[str, tuple[torch.dtype, np.dtype, str]] = {
-    "fp64": (torch.float64, np.dtype("<f8"), "F64"),
-    "fp32": (torch.float32, np.dtype("<f4"), "F32"),
-    "fp16": (torch.float16, np.dtype("<f2"), "F16"),
-    "bf16": (torch.bfloat16, np.dtype("<u2"), "BF16"),
-    "fp8_e4m3": (torch.float8_e4m3fn, np.dtype("u1"), "F8_E4M3"),
-    "fp8_e5m2": (torch.float8_e5m2, np.dtype("u1"), "F8_E5M2"),
-    "int64": (torch.int64, np.dtype("<i8"), "I64"),
-    "int32": (torch.int32, np.dtype("<i4"), "I32"),
-    "int16": (torch.int16, np.dtype("<i2"), "I16"),
-    "int8": (torch.int8, np.dtype("i1"), "I8"),
-    "uint8": (torch.uint8, np.dtype("u1"), "U8"),
-    "bool": (torch.bool, np.dtype("?"), "BOOL"),
+# index dtype name -> (torch dtype attribute, numpy dtype used to map the bytes, safetensors name)
+_TABLE: dict[str, tuple[str, np.dtype, str]] = {
+    "fp64": ("float64", np.dtype("<f8"), "F64"),
+    "fp32": ("float32", np.dtype("<f4"), "F32"),
+    "fp16": ("float16", np.dtype("<f2"), "F16"),
+    "bf16": ("bfloat16", np.dtype("<u2"), "BF16"),
+    "fp8_e4m3": ("float8_e4m3fn", np.dtype("u1"), "F8_E4M3"),
+    "fp8_e5m2": ("float8_e5m2", np.dtype("u1"), "F8_E5M2"),
+    "int64": ("int64", np.dtype("<i8"), "I64"),
+    "int32": ("int32", np.dtype("<i4"), "I32"),
+    "int16": ("int16", np.dtype("<i2"), "I16"),
+    "int8": ("int8", np.dtype("i1"), "I8"),
+    "uint8": ("uint8", np.dtype("u1"), "U8"),
+    "bool": ("bool", np.dtype("?"), "BOOL"),
 }
-TORCH_TO_NAME = {v[0]: k for k, v in DTYPES.items()}
-SAFETENSORS_TO_NAME = {v[2]: k for k, v in DTYPES.items()}
+
+
+class _Dtypes(Mapping):
+    """``DTYPES[name] -> (torch dtype, numpy dtype, safetensors name)``; torch is imported at the
+    first lookup, not with this module (``workbench inspect`` reads captures without torch)."""
+
+    def __getitem__(self, name: str):
+        import torch
+
+        attr, np_dt, st = _TABLE[name]
+        return getattr(torch, attr), np_dt, st
+
+    def __contains__(self, name: object) -> bool:
+        return name in _TABLE
+
+    def __iter__(self):
+        return iter(_TABLE)
+
+    def __len__(self) -> int:
+        return len(_TABLE)
+
+
+DTYPES = _Dtypes()
+NUMPY_DTYPES: dict[str, np.dtype] = {k: v[1] for k, v in _TABLE.items()}  # torch-free
+SAFETENSORS_TO_NAME = {v[2]: k for k, v in _TABLE.items()}
+
+
+def __getattr__(name: str):
+    if name == "TORCH_TO_NAME":  # torch dtype -> index dtype name (imports torch)
+        return {v[0]: k for k, v in DTYPES.items()}
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 NUMPY_TO_NAME = {
     np.dtype("float64"): "fp64", np.dtype("float32"): "fp32", np.dtype("float16"): "fp16",
     np.dtype("int64"): "int64", np.dtype("int32"): "int32", np.dtype("int16"): "int16",
@@ -114,7 +144,7 @@ def read_shard_header(path: Path) -> tuple[int, dict[str, tuple[str, list[int], 
 
 
 def itemsize(dtype: str) -> int:
-    return DTYPES[dtype][1].itemsize
+    return NUMPY_DTYPES[dtype].itemsize
 
 
 def numel(shape) -> int:

@@ -8,13 +8,15 @@ import re
 import stat
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 import numpy as np
 import pandas as pd
-import torch
 
-from workbench.capture.format import DTYPES, KEY_FIELDS, load_manifest, read_shard_header, safe_join
+if TYPE_CHECKING:
+    import torch
+
+from workbench.capture.format import DTYPES, KEY_FIELDS, NUMPY_DTYPES, load_manifest, read_shard_header, safe_join
 from workbench.errors import ChecksumError, DuplicateKeyError, KeyNotFoundError, ShardError
 
 __all__ = ["Capture", "open_capture", "VerifyReport"]
@@ -184,7 +186,7 @@ class Capture:
 
     def _map(self, row) -> np.ndarray:
         """Memory-map one tensor's bytes as a flat numpy array (copy-on-write: never alters the file)."""
-        dt = DTYPES[row["dtype"]][1]
+        dt = NUMPY_DTYPES[row["dtype"]]
         n = int(row["nbytes"]) // dt.itemsize
         if n == 0:
             return np.empty(0, dtype=dt)
@@ -247,6 +249,8 @@ class Capture:
         return self._map(row)
 
     def _tensor(self, row) -> torch.Tensor:
+        import torch  # here, not at import: `workbench inspect` reads captures without torch
+
         arr = self._map(row)
         tdt = DTYPES[row["dtype"]][0]
         t = torch.from_numpy(arr) if arr.size else torch.empty(0, dtype=torch.from_numpy(arr).dtype)

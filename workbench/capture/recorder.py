@@ -210,6 +210,10 @@ class Recorder:
         for h in self._handles:
             h.remove()
         self._handles.clear()
+        bar = getattr(self, "_bar", None)
+        if bar is not None:
+            bar.close()
+            self._bar = None
 
     def _make_pre(self, key, is_root: bool):
         def pre(module, args, kwargs):
@@ -257,6 +261,10 @@ class Recorder:
                 self._depth -= 1
                 if self._depth == 0:
                     self.step += 1
+                    if getattr(self, "_bar", None) is None:
+                        from workbench.progress import counter
+                        self._bar = counter(desc=f"record {self.writer.arm}", unit="step")
+                    self._bar.update(1)
                     self._calls.clear()
                     self._raise_if_over_budget()
             return output if key is not None and replaced else None

@@ -248,14 +248,24 @@ def run_notebooks(notebooks: Sequence[str | os.PathLike] | None = None, *,
     if html_reports:
         copy_plotly_js(out)
     results = []
-    with kernel_env(root) as kernel:
-        for p in paths:
-            rel = _rel(p, root)
-            log(f"running {rel} " + " ".join(f"{k}={v!r}" for k, v in bound[p].items()))
-            r = _run_one(p, sources[p], bound[p], out=out, kernel=kernel, timeout=timeout,
-                         html_reports=html_reports, rel=rel)
-            log(r.describe())
-            results.append(r)
+    from workbench.progress import counter
+
+    bar = counter(desc="notebooks", unit="notebook", total=len(paths)) if len(paths) > 1 and log is print else None
+    say = bar.write if bar is not None else log
+    try:
+        with kernel_env(root) as kernel:
+            for p in paths:
+                rel = _rel(p, root)
+                say(f"running {rel} " + " ".join(f"{k}={v!r}" for k, v in bound[p].items()))
+                r = _run_one(p, sources[p], bound[p], out=out, kernel=kernel, timeout=timeout,
+                             html_reports=html_reports, rel=rel)
+                say(r.describe())
+                results.append(r)
+                if bar is not None:
+                    bar.update(1)
+    finally:
+        if bar is not None:
+            bar.close()
     res = RunResult(out=out, notebooks=results)
     atomic_write_json(out / "results.json", json.loads(json.dumps(res.to_dict(), default=str)), indent=1)
     write_index(res)

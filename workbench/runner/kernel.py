@@ -20,7 +20,10 @@ KERNEL_NAME = "workbench-python"
 def kernel_env(root: Path):
     """A kernelspec named KERNEL_NAME that runs this very interpreter, visible through a temporary
     JUPYTER_PATH entry, and WORKBENCH_ROOT for the kernel (it inherits the environment)."""
-    saved = {k: os.environ.get(k) for k in ("JUPYTER_PATH", ROOT_ENV, CWD_ENV, "PYDEVD_DISABLE_FILE_VALIDATION")}
+    from workbench.progress import QUIET_ENV
+
+    saved = {k: os.environ.get(k) for k in ("JUPYTER_PATH", ROOT_ENV, CWD_ENV, "PYDEVD_DISABLE_FILE_VALIDATION",
+                                            QUIET_ENV)}
     with tempfile.TemporaryDirectory(prefix="workbench-kernel-") as tmp:
         kdir = Path(tmp) / "kernels" / KERNEL_NAME
         kdir.mkdir(parents=True)
@@ -32,6 +35,7 @@ def kernel_env(root: Path):
         os.environ[ROOT_ENV] = str(root)
         os.environ[CWD_ENV] = os.getcwd()  # relative paths in parameters are the user's, as in any CLI
         os.environ["PYDEVD_DISABLE_FILE_VALIDATION"] = "1"  # frozen-modules warning on stderr
+        os.environ[QUIET_ENV] = "1"  # executed notebooks hold results, not progress bars
         try:
             yield KERNEL_NAME
         finally:

@@ -259,8 +259,10 @@ class FolderImporter(Importer):
                 "options": {"on_error": on_error, "order": order}}
         meta = dict(run or {})
         imported = 0
+        from workbench.progress import progress
+
         with CaptureWriter(dst, arm=arm or root.resolve().name, run=meta, overwrite=overwrite) as w:
-            for _, path, rel, key, tags in entries:
+            for _, path, rel, key, tags in progress(entries, desc=f"import {root.name}", unit="file", min_total=50):
                 try:
                     arrays, meta_tags = read_arrays(path)
                 except (UnsafeFileError, ImporterError) as err:

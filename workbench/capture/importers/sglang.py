@@ -179,8 +179,10 @@ class SGLangImporter(Importer):
         info = {"kind": self.name, "source": str(root.resolve()), "files": len(files),
                 "options": {"on_error": on_error, "order": order, "duplicates": duplicates}}
         imported = 0
+        from workbench.progress import progress
+
         with CaptureWriter(dst, arm=arm or root.resolve().name, run=meta, overwrite=overwrite) as w:
-            for e in entries:
+            for e in progress(entries, desc=f"import sglang {root.name}", unit="file", min_total=50):
                 try:
                     tensor, extra = self._load(e["path"])
                 except (UnsafeFileError, ImporterError) as err:
