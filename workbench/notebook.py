@@ -36,7 +36,7 @@ from typing import Any
 
 from workbench.errors import GateError, WorkbenchError
 
-__all__ = ["GATE_MIMETYPE", "FINDING_MIMETYPE", "Gate", "setup", "repo_root", "resolve", "gate", "gates",
+__all__ = ["GATE_MIMETYPE", "FINDING_MIMETYPE", "Gate", "setup", "repo_root", "resolve", "gate", "gates", "resolve_tensor_file",
            "expect", "expectations", "finding", "findings", "reset_gates", "assert_gates", "show", "explore"]
 
 GATE_MIMETYPE = "application/vnd.workbench.gate+json"
@@ -132,6 +132,15 @@ def resolve(path: str | os.PathLike) -> Path:
         return here
     bundled = repo_root() / p
     return bundled if bundled.exists() else here
+
+
+def resolve_tensor_file(spec: str) -> str:
+    """``"path.safetensors:tensor"`` with the path resolved as :func:`resolve` does (the user's
+    working directory); any other spec (``"op/name"``, ``""``) is returned unchanged."""
+    path, sep, key = str(spec or "").rpartition(":")
+    if sep and path.endswith(".safetensors"):
+        return f"{resolve(path)}:{key}"
+    return str(spec or "")
 
 
 def setup(*, renderer: str | None = "plotly_mimetype") -> None:
