@@ -18,7 +18,7 @@ import torch
 import xarray as xr
 
 from workbench.capture.reader import Capture, open_capture
-from workbench.errors import KernelArgumentError, KeyNotFoundError
+from workbench.errors import AnalysisError, KernelArgumentError, KeyNotFoundError
 from workbench.kernels.sampling import greedy, log_softmax
 from workbench.numerics.dtypes import canonical, round_to, torch_dtype, ulp_of
 
@@ -329,32 +329,24 @@ def greedy_parity(control, candidate, *, dtype: str = "bf16", op: str = "sampler
 
 
 def _arm_logits(cap: Capture, spec: str | None) -> tuple[tuple[str, str], torch.Tensor, np.ndarray]:
-    from workbench.analysis.tokens import find_logits, parse_tensor
+    from workbench.analysis.tokens import find_logits, first_rank, parse_tensor
 
     op, name = parse_tensor(spec, "logits") if spec else find_logits(cap)
-    rank = int(cap.select(op=op, name=name).index["rank"].min()) if len(cap.select(op=op, name=name)) else 0
-    rows, coords = captured_logits(cap, op=op, name=name, rank=rank)
+    rows, coords = captured_logits(cap, op=op, name=name, rank=first_rank(cap, op, name))
     return (op, name), rows, coords["step"]
 
 
 def _arm_truth(cap: Capture, logit_spec, hidden: str | None, weight, vocab: int):
     """FP64 logits per step from the arm's own hidden states and the lm_head weight, or None."""
-    from workbench.analysis.tokens import find_hidden, load_weight, parse_tensor
+    from workbench.analysis.tokens import find_hidden, first_rank, load_weight, parse_tensor
 
     h_spec = parse_tensor(hidden, "hidden") if hidden else find_hidden(cap, logit_spec)
     if h_spec is None:
         return None, f"{cap.arm}: no lm_head input recorded next to {'/'.join(logit_spec)}"
-    rank = int(cap.select(op=h_spec[0], name=h_spec[1]).index["rank"].min())
-    h, coords = captured_logits(cap, op=h_spec[0], name=h_spec[1], rank=rank)
-    if isinstance(weight, torch.Tensor):
-        w, where = weight, "the weight given"
-    else:
-        w, where = load_weight(cap, weight, vocab=vocab, hidden=int(h.shape[-1]))
+    h, coords = captured_logits(cap, op=h_spec[0], name=h_spec[1], rank=first_rank(cap, *h_spec))
+    w, where = load_weight(cap, weight, vocab=vocab, hidden=int(h.shape[-1]))
     if w is None:
         return None, where
-    if w.shape != (vocab, h.shape[-1]):
-        raise KernelArgumentError(f"weight must be [V={vocab}, D={h.shape[-1]}], got {tuple(w.shape)}", key="weight",
-                                  fix="pass the lm_head weight as nn.Linear stores it")
     truth = h.double() @ w.double().T
     return (truth, coords["step"]), (f"FP64 product of {'/'.join(h_spec)} ({canonical(h.dtype)}) and the lm_head "
                                      f"weight {where} ({canonical(w.dtype)})")
@@ -420,7 +412,7 @@ def logit_ties(control, candidate, *, logits: str | None = None, tokens: str | N
         agree = token_agreement(arms["control"], arms["candidate"], tokens=tokens, logits=logits)
         first = int(agree.attrs["first_differing_step"])
         token_source = agree.attrs["source"]
-    except Exception:  # noqa: BLE001 - no token tensor both arms share: greedy of the logits below
+    except (AnalysisError, KeyNotFoundError):  # no token tensor both arms share: greedy of the logits below
         agree, first, token_source = None, None, None
 
     truth, why = {}, []

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 import xarray as xr
 
-from workbench.errors import KernelArgumentError
+from workbench.errors import AnalysisError, KernelArgumentError, KeyNotFoundError
 from workbench.kernels.sampling import draw_intervals
 
 __all__ = ["sampling_flips", "sampling_flips_captures", "flip_at"]
@@ -170,7 +170,7 @@ def sampling_flips_captures(control, candidate, *, logits: str | None = None, to
                                   fix="compare two runs of the same model over the same steps")
     try:
         first = int(token_agreement(ctl, cand, tokens=tokens, logits=logits).attrs["first_differing_step"])
-    except Exception:  # noqa: BLE001 - no shared token tensor: greedy of the logits
+    except (AnalysisError, KeyNotFoundError):  # no shared token tensor: greedy of the logits
         ga, gb = ra.float().argmax(-1), rb.float().argmax(-1)
         bad = [s for s in steps if int(ga[list(st_a).index(s)]) != int(gb[list(st_b).index(s)])]
         first = bad[0] if bad else -1

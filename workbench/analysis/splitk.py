@@ -221,7 +221,7 @@ def splitk_explain(control, candidate=None, *, logits: str | None = None, tokens
     ``findings`` (sentences).
     """
     from workbench.analysis.logits import _arm_logits, _open
-    from workbench.analysis.tokens import find_hidden, load_weight, parse_tensor, token_agreement
+    from workbench.analysis.tokens import find_hidden, first_rank, load_weight, parse_tensor, token_agreement
     from workbench.numerics.dtypes import canonical
 
     ctl = _open(control)
@@ -242,12 +242,9 @@ def splitk_explain(control, candidate=None, *, logits: str | None = None, tokens
     if h_spec is None:
         raise KernelArgumentError(f"{ctl.path} holds no lm_head input next to {'/'.join(spec)}: nothing to sweep",
                                   key="hidden", fix="record the lm_head's input, or name it with hidden='op/name'")
-    rank = int(ctl.select(op=h_spec[0], name=h_spec[1]).index["rank"].min())
+    rank = first_rank(ctl, *h_spec)
     x = ctl.get(op=h_spec[0], name=h_spec[1], step=at, rank=rank, layer=-1)
-    if isinstance(weight, torch.Tensor):
-        w, where = weight, "the weight given"
-    else:
-        w, where = load_weight(ctl, weight, vocab=int(rows.shape[-1]), hidden=int(x.shape[-1]))
+    w, where = load_weight(ctl, weight, vocab=int(rows.shape[-1]), hidden=int(x.shape[-1]))
     if w is None:
         raise KernelArgumentError(f"no lm_head weight: {where}", key="weight",
                                   fix="pass weight='path/model.safetensors:lm_head.weight' or 'op/name'")

@@ -24,7 +24,7 @@ import xarray as xr
 from workbench.capture.reader import Capture, open_capture
 from workbench.errors import AnalysisError
 
-__all__ = ["find_tokens", "find_logits", "find_hidden", "load_weight", "token_agreement", "parse_tensor"]
+__all__ = ["find_tokens", "find_logits", "find_hidden", "first_rank", "load_weight", "token_agreement", "parse_tensor"]
 
 _INT = ("int64", "int32", "int16", "int8", "uint8")
 _FLOAT = ("fp32", "bf16", "fp16", "fp64")
@@ -175,14 +175,23 @@ def _check_weight(w, where: str, V: int, D: int | None) -> torch.Tensor:
     return w
 
 
-def load_weight(cap, spec: str | None, *, vocab: int, hidden: int | None = None) -> tuple[torch.Tensor | None, str]:
+def first_rank(cap, op: str, name: str) -> int:
+    """The lowest rank holding ``op/name`` (0 when none does): replicated tensors are read once."""
+    rows = _cap(cap).index
+    ranks = rows["rank"][(rows["op"] == op) & (rows["name"] == name)]
+    return int(ranks.min()) if len(ranks) else 0
+
+
+def load_weight(cap, spec, *, vocab: int, hidden: int | None = None) -> tuple[torch.Tensor | None, str]:
     """The lm_head weight ``[vocab, hidden]`` and where it came from.
 
-    ``spec``: ``"op/name"`` of a tensor in the capture, ``"file.safetensors:tensor"`` (a checkpoint
+    ``spec``: a tensor (checked for that shape), ``"op/name"`` of a tensor in the capture, ``"file.safetensors:tensor"`` (a checkpoint
     shard; read with safetensors, never unpickled), or empty: detected in the capture (a 2-D float
     tensor of that shape, preferring one named ``weight``), else ``(None, reason)``.
     """
     cap = _cap(cap)
+    if isinstance(spec, torch.Tensor):
+        return _check_weight(spec, "the weight given", vocab, hidden), "the weight given"
     if spec:
         path, sep, key = str(spec).rpartition(":")
         if sep and path.endswith(".safetensors"):
