@@ -235,19 +235,19 @@ def _display_gate(g: Gate) -> None:
     display({GATE_MIMETYPE: g.to_dict(), "text/html": html_out, "text/plain": g.line()}, raw=True)
 
 
-def expect(name: str, value: Any, expected: Any, *, help: str = "", display: bool = True) -> bool | None:
+def expect(name: str, value: Any, expected: Any, *, help: str = "", display: bool = True) -> None:
     """An expectation gate ``value == expected``, recorded only when ``expected`` is given.
 
     With ``expected`` None the finding stands on its own: nothing is gated (a user's capture with
-    no expectation runs to the end and reports), and None is returned; else the gate's verdict.
+    no expectation runs to the end and reports). Like :func:`gate` it returns nothing (a cell
+    ending with it shows the gate, not a bare ``True``); the verdict is in :func:`gates`.
     """
     if expected is None:
         if display:
             from IPython.display import display as show
             show({"text/plain": f"expectation {name}: none given; found {_fmt(value)}"}, raw=True)
-        return None
+        return
     gate(name, value, expected, op="==", help=help, display=display, kind="expectation")
-    return _GATES[name].passed
 
 
 def expectations(text: str, fields: dict[str, type], *, metadata: dict | None = None) -> dict[str, Any]:

@@ -77,7 +77,13 @@ def lab(tmp_path):
     cell.source = cell.source.replace("interactive: bool = False", "interactive: bool = True")
     nbformat.write(nb, root / "first_divergence.ipynb")
     port, token = _free_port(), os.urandom(16).hex()
+    # every cell attached to the page (no windowing), so what a cell printed is found however far
+    # down the notebook it is
+    tracker = tmp_path / "settings" / "@jupyterlab" / "notebook-extension" / "tracker.jupyterlab-settings"
+    tracker.parent.mkdir(parents=True)
+    tracker.write_text(json.dumps({"windowingMode": "none"}))
     env = dict(os.environ, JUPYTER_CONFIG_DIR=str(tmp_path / "config"),
+               JUPYTERLAB_SETTINGS_DIR=str(tmp_path / "settings"),
                JUPYTER_RUNTIME_DIR=str(tmp_path / "runtime"), WORKBENCH_ROOT=str(ROOT),
                JUPYTER_PLATFORM_DIRS="1")
     log = open(tmp_path / "lab.log", "w")
@@ -172,19 +178,64 @@ def _run_all_cells(page, attempts: int = 4) -> None:
     raise AssertionError(f"Run All Cells executed no cell in {attempts} attempts")
 
 
-def _wait_for_run(page, text) -> None:
-    """Wait until ``text`` shows; a dialog on the way (the kernel replaced under load) is
-    answered and the notebook run again, as a user would."""
+_PROMPTS = """() => [...document.querySelectorAll('.jp-Notebook .jp-InputPrompt')]
+    .map(p => p.textContent.trim())"""
+_ERRORS = """() => [...document.querySelectorAll('.jp-Notebook .jp-OutputArea-output')]
+    .filter(o => /Traceback/.test(o.textContent) &&
+                 /stderr|error/.test(o.dataset.mimeType || ''))
+    .map(o => o.textContent.slice(-1500))"""
+
+
+def _diagnosis(page, lab_log: Path | None) -> str:
+    """What a reader of a failed CI log needs: each cell's prompt, the errors shown, the tail of
+    JupyterLab's own log."""
+    parts = [f"prompts: {page.evaluate(_PROMPTS)}"]
+    for err in page.evaluate(_ERRORS):
+        parts.append("error output:\n" + err)
+    status = page.locator(".jp-Notebook-ExecutionIndicator").first
+    if status.count():
+        parts.append(f"kernel status: {status.get_attribute('data-status')}")
+    if lab_log is not None and lab_log.exists():
+        parts.append("JupyterLab log (tail):\n" + lab_log.read_text(errors="replace")[-2500:])
+    return "\n".join(parts)
+
+
+def _wait_for_run(page, text, lab_log: Path | None = None, reruns: int = 2) -> None:
+    """Wait until ``text`` shows. A cell that fails ends the wait at once with its error. A run
+    that stops short of ``text`` (a dialog on the way, or the kernel replaced under load so that
+    the queued cells were dropped: idle, nothing queued, for 30 s) is run again, as a user would,
+    at most ``reruns`` times."""
     end = time.time() + BUSY_MS / 1000
     target = page.get_by_text(text)
+    idle_since = None
     while time.time() < end:
         if target.count():
             return
+        errors = page.evaluate(_ERRORS)
+        if errors:
+            raise AssertionError(f"a cell failed before {getattr(text, 'pattern', text)!r} showed:\n"
+                                 + _diagnosis(page, lab_log))
+        stalled = False
         if page.locator(".jp-Dialog").count():
-            print("a dialog interrupted the run: answering it and running all cells again")
+            print("a dialog interrupted the run:", _answer_dialogs(page))
+            stalled = True
+        elif (page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']").count()
+              and not any(p == "[*]:" or p == "[*]" for p in page.evaluate(_PROMPTS))):
+            idle_since = idle_since or time.time()
+            stalled = time.time() - idle_since > 30
+        else:
+            idle_since = None
+        if stalled:
+            if reruns <= 0:
+                raise AssertionError(f"the run stopped short of {getattr(text, 'pattern', text)!r}:\n"
+                                     + _diagnosis(page, lab_log))
+            print(f"the run stopped short ({page.evaluate(_PROMPTS)}): running all cells again")
+            reruns -= 1
+            idle_since = None
             _run_all_cells(page)
         page.wait_for_timeout(1000)
-    raise AssertionError(f"{getattr(text, 'pattern', text)!r} did not appear within {BUSY_MS / 1000:.0f} s")
+    raise AssertionError(f"{getattr(text, 'pattern', text)!r} did not appear within {BUSY_MS / 1000:.0f} s:\n"
+                         + _diagnosis(page, lab_log))
 
 
 def _explorer_ytitle(page) -> str:
@@ -199,7 +250,10 @@ def test_jupyterlab_runs_notebook_and_widget_redraws(lab, browser, tmp_path):
     page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=BUSY_MS)
     page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=BUSY_MS)
     _run_all_cells(page)
-    _wait_for_run(page, re.compile(r"all \d+ gate\(s\) passed"))  # the last cell: every gate passed
+    try:
+        _wait_for_run(page, re.compile(r"all \d+ gate\(s\) passed"), tmp_path / "lab.log")  # the last cell
+    finally:
+        _keep(page, tmp_path, "jupyterlab_first_divergence_run.png")
     page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=BUSY_MS)
     # two figures at top level and one in the explorer, all drawn by plotly.js
     page.wait_for_selector(".workbench-explorer .js-plotly-plot .main-svg", timeout=BUSY_MS)
