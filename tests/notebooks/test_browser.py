@@ -178,6 +178,8 @@ def _run_all_cells(page, attempts: int = 4) -> None:
     raise AssertionError(f"Run All Cells executed no cell in {attempts} attempts")
 
 
+_RUNNING = """() => [...document.querySelectorAll('.jp-Notebook .jp-InputPrompt')]
+    .some(p => /\\[\\*\\]/.test(p.textContent))"""
 _PROMPTS = """() => [...document.querySelectorAll('.jp-Notebook .jp-InputPrompt')]
     .map(p => p.textContent.trim())"""
 _ERRORS = """() => [...document.querySelectorAll('.jp-Notebook .jp-OutputArea-output')]
@@ -207,34 +209,35 @@ def _wait_for_run(page, text, lab_log: Path | None = None, reruns: int = 2) -> N
     at most ``reruns`` times."""
     end = time.time() + BUSY_MS / 1000
     target = page.get_by_text(text)
+    want = repr(getattr(text, "pattern", text))
     idle_since = None
     while time.time() < end:
         if target.count():
             return
         errors = page.evaluate(_ERRORS)
         if errors:
-            raise AssertionError(f"a cell failed before {getattr(text, 'pattern', text)!r} showed:\n"
+            raise AssertionError(f"a cell failed before {want} showed:\n"
                                  + _diagnosis(page, lab_log))
         stalled = False
         if page.locator(".jp-Dialog").count():
-            print("a dialog interrupted the run:", _answer_dialogs(page))
+            print("a dialog interrupted the run")  # _run_all_cells answers it (and prints its text)
             stalled = True
         elif (page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']").count()
-              and not any(p == "[*]:" or p == "[*]" for p in page.evaluate(_PROMPTS))):
+              and not page.evaluate(_RUNNING)):
             idle_since = idle_since or time.time()
             stalled = time.time() - idle_since > 30
         else:
             idle_since = None
         if stalled:
             if reruns <= 0:
-                raise AssertionError(f"the run stopped short of {getattr(text, 'pattern', text)!r}:\n"
+                raise AssertionError(f"the run stopped short of {want}:\n"
                                      + _diagnosis(page, lab_log))
             print(f"the run stopped short ({page.evaluate(_PROMPTS)}): running all cells again")
             reruns -= 1
             idle_since = None
             _run_all_cells(page)
         page.wait_for_timeout(1000)
-    raise AssertionError(f"{getattr(text, 'pattern', text)!r} did not appear within {BUSY_MS / 1000:.0f} s:\n"
+    raise AssertionError(f"{want} did not appear within {BUSY_MS / 1000:.0f} s:\n"
                          + _diagnosis(page, lab_log))
 
 
