@@ -172,3 +172,27 @@ def test_bundled_tie_is_found_from_tensors_not_metadata():
     planted = open_capture(CAPTURES / "tie-control").run["tie"]
     assert ds.attrs["tied_tokens"] == sorted(int(t) for t in planted["fp64_logits"])
     assert float(ds.regret.sel(step=0, arm="control")) == pytest.approx(planted["nats_lost"], abs=1e-9)
+
+
+def test_fed_token_ids_are_not_taken_for_the_sampled_tokens(tmp_path):
+    """``model.embed_tokens/input`` (the prompt ids a recorder sees) is what the model was fed:
+    equal in both arms by construction, so tokens come from the logits' argmax; a sampler's
+    output is still found."""
+    from workbench.analysis.tokens import find_tokens, token_agreement
+
+    def arm(path, flip):
+        w = CaptureWriter(path, arm=path.name, overwrite=True)
+        for s in range(2):
+            w.add(torch.tensor([[3, 5, 7]]), step=s, op="model.embed_tokens", name="input")
+            logits = torch.zeros(1, V)
+            logits[0, 9 if flip and s == 1 else 4] = 1.0
+            w.add(logits, step=s, op="lm_head", name="output")
+        w.close()
+        return open_capture(path)
+
+    c, d = arm(tmp_path / "c", False), arm(tmp_path / "d", True)
+    assert find_tokens(c) is None
+    tok = token_agreement(c, d)
+    assert tok.attrs["n_agree"] == 1 and tok.attrs["first_differing_step"] == 1, tok.attrs["sentence"]
+    assert "lm_head/output" in tok.attrs["sentence"]
+    assert find_tokens(_arm(tmp_path / "e", "control", "float32")) == ("next_token_ids", "value")

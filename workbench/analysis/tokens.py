@@ -53,11 +53,16 @@ def _per_step(cap: Capture, mask) -> list[tuple[str, str]]:
 
 def find_tokens(cap) -> tuple[str, str] | None:
     """The sampled-token tensor: an integer tensor at layer -1, at every step, with ``token`` in
-    its op or name (None: no such tensor). Ambiguous: AnalysisError listing the candidates."""
+    its op or name (None: no such tensor). Ambiguous: AnalysisError listing the candidates.
+
+    A recorded module's input (``input``, ``inputs.N``) is what the model was fed, not what it
+    picked: ``model.embed_tokens/input`` holds the prompt ids, equal in both arms by construction,
+    so it is never taken for the sampled tokens (the logits' argmax is read instead)."""
     cap = _cap(cap)
     idx = cap.index
     named = idx["op"].str.contains("token|sampl", case=False) | idx["name"].str.contains("token", case=False)
-    cands = _per_step(cap, idx["dtype"].isin(_INT) & named)
+    fed = idx["name"].str.fullmatch(r"inputs?(\..*)?")
+    cands = _per_step(cap, idx["dtype"].isin(_INT) & named & ~fed)
     if len(cands) > 1:
         raise AnalysisError(f"several token tensors in {cap.path}: {['/'.join(c) for c in cands]}", key="tokens",
                             file=cap.path, fix="name one with tokens='op/name'")
