@@ -43,3 +43,18 @@ def test_resolve_policy_accepts_dicts_and_round_trips():
     assert Policy.from_dict(p.to_dict()) == p
     with pytest.raises(PolicyError):
         resolve_policy("bf16")
+
+
+def test_parse_typed_knobs():
+    import pytest
+
+    from workbench.errors import PolicyError
+    from workbench.numerics.policy import Policy
+
+    p = Policy.parse("state_dtype:bf16, splitk=4")
+    assert p.state_dtype == "bf16" and p.splitk == 4
+    assert Policy.parse("", base=p) == p
+    with pytest.raises(PolicyError, match="not knob:value"):
+        Policy.parse("state_dtype")
+    with pytest.raises(PolicyError, match="unknown policy knob"):
+        Policy.parse("colour:red")

@@ -16,7 +16,8 @@ from workbench.errors import AnalysisError
 from workbench.kernels import gdn
 from workbench.numerics.policy import Policy, resolve_policy
 
-__all__ = ["state_drift", "state_evolution", "chunked_continuation", "prefill_decode_handoff", "growth", "trend"]
+__all__ = ["state_drift", "state_evolution", "chunked_continuation", "prefill_decode_handoff", "growth", "trend",
+           "find_state", "find_gdn_inputs", "gdn_input_sequence"]
 
 
 def _rel_per_head(x: torch.Tensor, ref: torch.Tensor, head_dim: int) -> np.ndarray:
@@ -55,17 +56,17 @@ def _open(c) -> Capture:
 
 
 def state_drift(candidate, control, *, op: str = "gdn", name: str = "state", rank: int | None = 0,
-                layers=None, head_dim: int = 0) -> xr.Dataset:
+                layers=None, head_dim: int = -3) -> xr.Dataset:
     """Per-head relative error of the candidate's captured GDN state against the control's, per
     layer and step.
 
     Parameters
     ----------
-    candidate, control: captures (or paths) holding ``op/name`` states ``[HV, K, V]`` (or
-        ``[B, HV, K, V]``: set ``head_dim=1``) at the same keys
+    candidate, control: captures (or paths) holding ``op/name`` states ``[HV, K, V]`` or
+        ``[B, HV, K, V]`` at the same keys (:func:`find_state` finds ``op/name`` in any capture)
     rank: the rank to read (None: all ranks, heads concatenated in rank order)
     layers: the layers to read (None: every layer that has the state)
-    head_dim: the dim of the head in one stored state
+    head_dim: the dim of the value head in one stored state (-3: ``[HV, K, V]`` and ``[B, HV, K, V]``)
 
     Returns
     -------
@@ -265,3 +266,116 @@ def prefill_decode_handoff(q, k, v, g, beta, *, prefill_len: int, backend: str =
                     handoff_jump=float(err[prefill_len].mean() / last) if last > 0 else float("nan"),
                     oracle="gdn.recurrent backend 'oracle' (fp64) over all T tokens")
     return ds
+
+
+# -- detection on anyone's captures ------------------------------------------------------------
+
+_FLOATS = ("fp32", "bf16", "fp16", "fp64")
+GDN_INPUT_NAMES = ("q", "k", "v", "g", "beta")
+
+
+def find_state(cap, spec: str | None = None) -> tuple[str, str]:
+    """The recurrent-state tensor of a capture: ``spec`` ("op/name") when given, else the float
+    tensor of 3 or more dims (``[HV, K, V]`` or ``[B, HV, K, V]``) named like ``state`` (not a
+    conv state nor hidden states) at layers >= 0 and at two or more steps. Ambiguous or absent: AnalysisError
+    listing the candidates."""
+    from workbench.analysis.tokens import parse_tensor
+
+    cap = _open(cap)
+    idx = cap.index
+    if spec:
+        op, name = parse_tensor(spec, "state")
+        if not ((idx["op"] == op) & (idx["name"] == name)).any():
+            raise AnalysisError(f"{cap.path} holds no {op}/{name} tensor", key="state", file=cap.path,
+                                fix="name the recurrent state as op/name from the capture's index (workbench inspect --keys)")
+        return op, name
+    text = idx["op"] + "/" + idx["name"]
+    m = (idx["dtype"].isin(_FLOATS) & (idx["layer"] >= 0) & idx["shape"].map(len).ge(3)
+         & text.str.contains("state", case=False) & ~text.str.contains("conv|hidden_state", case=False))
+    cands = [(o, n) for (o, n), g in idx[m].groupby(["op", "name"], sort=True) if g["step"].nunique() >= 2]
+    if len(cands) == 1:
+        return cands[0]
+    if cands:
+        raise AnalysisError(f"several recurrent-state-like tensors in {cap.path}: {['/'.join(c) for c in cands]}",
+                            key="state", file=cap.path, fix="name one with state='op/name'")
+    seen = sorted({f"{o}/{n}" for o, n in idx[idx["shape"].map(len).ge(3)][["op", "name"]].itertuples(index=False)})
+    raise AnalysisError(f"no recurrent state (a float tensor of >= 3 dims named like 'state', at two or more steps) in "
+                        f"{cap.path}; tensors of >= 3 dims: {seen[:12]}", key="state", file=cap.path,
+                        fix="record the GDN state at every step, or name it with state='op/name'")
+
+
+def find_gdn_inputs(cap, op: str | None = None) -> str | None:
+    """The op whose tensors ``q, k, v, g, beta`` (flash-linear-attention's names) are recorded:
+    ``op`` when given (checked), else the one op that has all five (None when no op has them;
+    AnalysisError when several do)."""
+    cap = _open(cap)
+    idx = cap.index
+    have = idx[idx["name"].isin(GDN_INPUT_NAMES) & (idx["layer"] >= 0)].groupby("op")["name"].agg(set)
+    ops = sorted(o for o, names in have.items() if set(GDN_INPUT_NAMES) <= names)
+    if op:
+        if op not in ops:
+            raise AnalysisError(f"op {op!r} of {cap.path} does not hold all of {list(GDN_INPUT_NAMES)}", key="inputs",
+                                file=cap.path, fix=f"use one of {ops}" if ops else "record q, k, v, g, beta of the GDN op")
+        return op
+    if len(ops) > 1:
+        raise AnalysisError(f"several ops hold GDN inputs {list(GDN_INPUT_NAMES)} in {cap.path}: {ops}", key="inputs",
+                            file=cap.path, fix="name one with inputs='op'")
+    return ops[0] if ops else None
+
+
+def _batched(t: torch.Tensor, dims: int) -> torch.Tensor:
+    """A captured GDN tensor with its batch dim: q/k/v are [B, T, H, D] (3 dims stored without B),
+    g/beta [B, T, H] (2 dims without B), states [B, HV, K, V]."""
+    t = t.float()
+    return t[None] if t.dim() == dims - 1 else t
+
+
+def gdn_input_sequence(cap, *, op: str, layer: int, rank: int = 0, state: tuple[str, str] | None = None,
+                       tokens: int | None = None) -> tuple[list[torch.Tensor], torch.Tensor | None, str]:
+    """GDN inputs of one layer as one token sequence, from what a capture holds.
+
+    In order of preference: the step that holds the most positions in one key (a prefill whose
+    inputs were recorded whole, not sliced: tag ``positions`` absent), from a zero state; else the
+    decode steps, one token each, concatenated in step order from the state captured at the step
+    before the first (``state``: op/name of the recurrent state). At most ``tokens`` positions.
+
+    Returns ``([q, k, v, g, beta], initial_state or None, source in words)``; AnalysisError when
+    neither is there.
+    """
+    cap = _open(cap)
+    sel = cap.select(op=op, layer=layer, rank=rank)
+    idx = sel.index
+    if not len(idx):
+        raise AnalysisError(f"no {op} tensors at layer {layer}, rank {rank} in {cap.path}", key="layer",
+                            file=cap.path, fix="pick a layer and rank that hold the GDN inputs")
+    full = []
+    for step, g in idx.groupby("step"):
+        rows = g[g["name"].isin(GDN_INPUT_NAMES)]
+        if set(rows["name"]) >= set(GDN_INPUT_NAMES) and not any("positions" in (t or {}) for t in rows["tags"]):
+            q = _batched(sel.get(step=step, name="q"), 4)
+            full.append((q.shape[1], int(step)))
+    best = max(full, default=None)
+    if best is not None and best[0] >= 16:
+        T, step = best
+        x = [_batched(sel.get(step=step, name=n), 4 if n in ("q", "k", "v") else 3) for n in GDN_INPUT_NAMES]
+        n = min(T, tokens or T)
+        return [t[:, :n] for t in x], None, f"{op} inputs of layer {layer} recorded whole at step {step} ({n} positions, zero initial state)"
+    decode = sorted(s for T, s in full if T == 1)
+    if state is not None and decode:
+        sop, sname = state
+        st = cap.select(op=sop, name=sname, layer=layer, rank=rank).index
+        start = next((s for s in decode if (st["step"] == s - 1).any()), None)
+        if start is not None:
+            run = [start]
+            while run[-1] + 1 in decode:
+                run.append(run[-1] + 1)
+            run = run[:tokens] if tokens else run
+            if len(run) >= 2:
+                x = [torch.cat([_batched(sel.get(step=s, name=n), 4 if n in ("q", "k", "v") else 3) for s in run], 1)
+                     for n in GDN_INPUT_NAMES]
+                s0 = _batched(cap.get(op=sop, name=sname, layer=layer, rank=rank, step=start - 1), 4)
+                return x, s0, (f"{op} inputs of layer {layer} at decode steps {run[0]}..{run[-1]} ({len(run)} tokens), "
+                               f"from the {sop}/{sname} captured at step {start - 1}")
+    raise AnalysisError(f"{cap.path} holds neither a whole recorded sequence of GDN inputs nor consecutive decode "
+                        f"steps with the state before them, at layer {layer}, rank {rank}", key="inputs", file=cap.path,
+                        fix="record q, k, v, g, beta of every position (or of every decode step with the state)")

@@ -166,6 +166,7 @@ CAPTURES: dict[str, SampleCapture] = {c.name: c for c in [
                   "candidate: the GDN recurrent state is stored in bf16 between chunks and decode steps",
                   control="control", aa="control-repeat",
                   expect={"first_divergence": {"rank": 0, "step": 0, "layer": 0, "op": "gdn", "name": "core"},
+                          "state_drift": "grows",
                           "why": "the first GDN layer's output after the first chunk boundary reads a "
                                  "bf16-rounded state; the state error grows over the decode steps "
                                  "(gdn/state, every step)"}),

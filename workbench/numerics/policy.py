@@ -130,6 +130,13 @@ class Policy:
     def from_dict(cls, d: dict[str, Any]) -> "Policy":
         return cls().replace(**d)
 
+    @classmethod
+    def parse(cls, text: str, base: "Policy | None" = None) -> "Policy":
+        """A policy from knob changes typed as text, ``"state_dtype:bf16 splitk=4"`` (``:`` or
+        ``=``; separated by spaces or commas; integers as such), applied to ``base`` (default:
+        the default policy). An unknown knob or a bad value is a PolicyError naming it."""
+        return (base or cls()).replace(**parse_knobs(text))
+
     def label(self) -> str:
         """Short text naming the knobs that differ from the default policy."""
         d = DEFAULT.diff(self)
@@ -137,6 +144,18 @@ class Policy:
 
 
 DEFAULT = Policy()
+
+
+def parse_knobs(text: str) -> dict[str, Any]:
+    """``"state_dtype:bf16, splitk=4"`` -> ``{"state_dtype": "bf16", "splitk": 4}`` (see :meth:`Policy.parse`)."""
+    out: dict[str, Any] = {}
+    for part in str(text or "").replace(",", " ").split():
+        k, sep, v = part.replace("=", ":", 1).partition(":")
+        if not sep or not k or not v:
+            raise PolicyError(f"policy change {part!r} is not knob:value", key=part,
+                              fix=f"write e.g. 'state_dtype:bf16'; knobs are {Policy.knobs()}")
+        out[k] = int(v) if v.lstrip("-").isdigit() else v
+    return out
 
 _local = threading.local()
 
