@@ -42,6 +42,8 @@ class OpAdapter:
     run: ``run(inputs, backend, policy) -> {output name: tensor}``; backend ``"oracle"`` with an
         fp64 policy is the reference
     knobs: the default ``{knob: [values]}`` of :func:`counterfactuals` for this op
+    for_op: ``for_op(name) -> OpAdapter``, the same adapter for captures that call the op
+        ``name`` (None: the adapter reads ``op`` only)
     """
 
     op: str
@@ -50,6 +52,7 @@ class OpAdapter:
     load: Callable
     run: Callable
     knobs: Mapping[str, Sequence] | None = None
+    for_op: Callable[[str], "OpAdapter"] | None = None
 
 
 def _check_adapter(obj) -> str | None:
@@ -76,18 +79,24 @@ def adapters() -> list[str]:
     return REGISTRY.names()
 
 
-def _adapter(op: str) -> OpAdapter:
+def _adapter(op: str, capture_op: str | None = None) -> OpAdapter:
     if op not in REGISTRY:
         raise AnalysisError(f"no replay adapter for op {op!r}; must be one of {adapters()}", key="op",
                             fix=f"use one of {adapters()}, or register_adapter({op!r}, OpAdapter(...)) for the "
                                 "tensor names your capture holds")
-    return REGISTRY.load(op)
+    ad = REGISTRY.load(op)
+    if capture_op and capture_op != ad.op:
+        if ad.for_op is None:
+            raise AnalysisError(f"replay adapter {op!r} reads the op {ad.op!r} only, not {capture_op!r}", key="capture_op",
+                                fix="register an adapter for your capture's names (register_adapter)")
+        ad = ad.for_op(capture_op)
+    return ad
 
 
-def replay_cases(capture, *, op: str, **filters) -> list[tuple[int, int, int]]:
+def replay_cases(capture, *, op: str, capture_op: str | None = None, **filters) -> list[tuple[int, int, int]]:
     """The (rank, step, layer) cases of ``op`` whose inputs the adapter can load."""
     cap = capture if isinstance(capture, Capture) else open_capture(capture)
-    ad = _adapter(op)
+    ad = _adapter(op, capture_op)
     idx = cap.select(op=ad.op, name=ad.names[0], **filters).index
     cases = sorted({(int(r), int(s), int(l)) for r, s, l in idx[["rank", "step", "layer"]].itertuples(index=False)})
     return [c for c in cases if ad.load(cap, *c) is not None]
@@ -102,7 +111,8 @@ def _rel(a, ref) -> float:
 
 
 def replay(capture, *, op: str, backends: Sequence[str] = ("torch",), policies: Sequence | Mapping | None = None,
-           output: str | None = None, max_cases: int | None = None, **filters) -> xr.Dataset:
+           output: str | None = None, max_cases: int | None = None, capture_op: str | None = None,
+           **filters) -> xr.Dataset:
     """Replay an op's captured inputs through ``backends x policies``.
 
     Parameters
@@ -113,6 +123,8 @@ def replay(capture, *, op: str, backends: Sequence[str] = ("torch",), policies: 
     policies: Policies or knob dicts, or ``{label: policy}`` (default: the fp32 ``Policy()``)
     output: the output to judge (default the adapter's first: ``core``, ``o``)
     max_cases: replay at most this many cases (in order)
+    capture_op: the capture's name of the op when it differs from the adapter's (e.g. an engine's
+        ``linear_attn`` holding the bundled ``gdn`` adapter's tensor names)
     filters: restrict the cases (``layer=``, ``step=``, ``rank=``)
 
     Returns
@@ -131,7 +143,7 @@ def replay(capture, *, op: str, backends: Sequence[str] = ("torch",), policies: 
     >>> ds.n_closer.to_series()                                                  # doctest: +SKIP
     """
     cap = capture if isinstance(capture, Capture) else open_capture(capture)
-    ad = _adapter(op)
+    ad = _adapter(op, capture_op)
     out = output or ad.outputs[0]
     if out not in ad.outputs:
         raise AnalysisError(f"output must be one of {list(ad.outputs)}, got {out!r}", key="output",
@@ -142,7 +154,7 @@ def replay(capture, *, op: str, backends: Sequence[str] = ("torch",), policies: 
         pl = [resolve_policy(p) if not isinstance(p, Policy) else p for p in policies]
         policies = {p.label(): p for p in pl}
     policies = {k: resolve_policy(p) for k, p in policies.items()}
-    cases = replay_cases(cap, op=op, **filters)
+    cases = replay_cases(cap, op=op, capture_op=capture_op, **filters)
     if max_cases is not None:
         cases = cases[:max_cases]
     if not cases:
@@ -189,7 +201,8 @@ def replay(capture, *, op: str, backends: Sequence[str] = ("torch",), policies: 
 
 def counterfactuals(capture, *, op: str, base: Policy | dict | None = None,
                     knobs: Mapping[str, Sequence] | None = None, backend: str = "torch",
-                    output: str | None = None, max_cases: int | None = None, **filters) -> xr.Dataset:
+                    output: str | None = None, max_cases: int | None = None, capture_op: str | None = None,
+                    **filters) -> xr.Dataset:
     """Change one policy knob at a time and attribute the error (vs FP64) to each knob.
 
     Parameters
@@ -205,7 +218,9 @@ def counterfactuals(capture, *, op: str, base: Policy | dict | None = None,
     ``err_oracle``, ``mean_err_oracle[change]`` (over the cases); ``delta`` (mean error of the
     change minus that of the base), ``share``
     (delta over the sum of positive deltas: the fraction of the added error due to that knob),
-    ``knob[change]``, ``value[change]``.
+    ``knob[change]``, ``value[change]``; ``mean_err_captured[change]`` (vs the captured output)
+    and attrs ``reproduced_by`` (the change whose replay is closest to the captured output: which
+    policy the captured run behaves like, found from the tensors).
 
     Example
     -------
@@ -224,14 +239,18 @@ def counterfactuals(capture, *, op: str, base: Policy | dict | None = None,
         for v in vals:
             pols[f"{k}={v}"] = b.replace(**{k: v})
             meta.append((k, str(v)))
-    ds = replay(capture, op=op, backends=(backend,), policies=pols, output=output, max_cases=max_cases, **filters)
+    ds = replay(capture, op=op, backends=(backend,), policies=pols, output=output, max_cases=max_cases,
+                capture_op=capture_op, **filters)
     ds = ds.rename(variant="change")
+    ds["mean_err_captured"] = ds.err_captured.mean("case")
     mean = ds.err_oracle.mean("case")
     ds["mean_err_oracle"] = mean
     ds["delta"] = mean - mean.sel(change="base")
     pos = float(ds.delta.clip(min=0).sum())
     ds["share"] = ds.delta.clip(min=0) / pos if pos > 0 else ds.delta * 0
     ds = ds.assign_coords(knob=("change", [m[0] for m in meta]), value=("change", [m[1] for m in meta]))
+    ran = ds.mean_err_captured.notnull()
     ds.attrs.update(analysis="counterfactuals", base=b.label(), backend=backend,
+                    reproduced_by=str(ds.change[ran].values[int(np.argmin(ds.mean_err_captured[ran].values))]) if ran.any() else "none",
                     attribution="delta = mean err_oracle(change) - mean err_oracle(base); share = delta+ / sum delta+")
     return ds

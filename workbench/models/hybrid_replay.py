@@ -7,6 +7,9 @@ points (pyproject.toml) under ``gdn``, ``qsa_merge`` and ``qsa``.
     initial state ``gdn/state`` ``[HV, K, V]`` of the step before (zeros at step 0), ``qk_l2norm``
     on (as the model); outputs ``core`` (``[T, HV, V]``) and ``state``. Keys whose inputs are
     sliced (tag ``positions``) or whose previous state is missing are skipped.
+
+Each reads the op the bundled decoder writes (``gdn``, ``qsa``); ``replay(..., capture_op=)`` points
+it at the same tensor names under another op (an engine's module name, say).
 ``qsa_merge`` (split-KV merge and output gate: :func:`merge_states`, :func:`output_gate`)
     inputs ``qsa/partial_o`` ``[T, HQ, S, D]``, ``partial_lse`` ``[T, HQ, S]``, ``gate``
     ``[T, HQ, D]``; outputs ``o``, ``lse``, ``gated``.
@@ -26,8 +29,8 @@ from workbench.kernels import gdn, qsa
 __all__ = ["GDN", "QSA_MERGE", "QSA"]
 
 
-def _gdn_load(cap: Capture, rank: int, step: int, layer: int):
-    sel = cap.select(op="gdn", rank=rank, layer=layer)
+def _gdn_load(cap: Capture, rank: int, step: int, layer: int, op: str = "gdn"):
+    sel = cap.select(op=op, rank=rank, layer=layer)
     idx = sel.index
     cur = idx[idx["step"] == step]
     if not set(("q", "k", "v", "g", "beta")) <= set(cur["name"]):
@@ -48,9 +51,9 @@ def _gdn_run(x, backend, policy):
     return {"core": o[0], "state": s[0]}
 
 
-def _merge_load(cap: Capture, rank: int, step: int, layer: int):
+def _merge_load(cap: Capture, rank: int, step: int, layer: int, op: str = "qsa"):
     try:
-        return {n: cap.get(op="qsa", rank=rank, step=step, layer=layer, name=n).float()
+        return {n: cap.get(op=op, rank=rank, step=step, layer=layer, name=n).float()
                 for n in ("partial_o", "partial_lse", "gate")}
     except KeyError:
         return None
@@ -64,9 +67,9 @@ def _merge_run(x, backend, policy):
     return {"o": o, "lse": lse, "gated": gated}
 
 
-def _qsa_load(cap: Capture, rank: int, step: int, layer: int):
+def _qsa_load(cap: Capture, rank: int, step: int, layer: int, op: str = "qsa"):
     try:
-        return {n: cap.get(op="qsa", rank=rank, step=step, layer=layer, name=n)
+        return {n: cap.get(op=op, rank=rank, step=step, layer=layer, name=n)
                 for n in ("q", "k_cache", "v_cache", "block_table", "indices")}
     except KeyError:
         return None
@@ -78,9 +81,15 @@ def _qsa_run(x, backend, policy):
     return {"o": o, "lse": lse}
 
 
-GDN = OpAdapter("gdn", ("q", "k", "v", "g", "beta", "state"), ("core", "state"), _gdn_load, _gdn_run,
-                knobs={"state_dtype": ["bf16"], "input_dtype": ["bf16"]})
-QSA_MERGE = OpAdapter("qsa", ("partial_o", "partial_lse", "gate"), ("o", "lse", "gated"), _merge_load, _merge_run,
-                      knobs={"prob_dtype": ["fp16"], "num_kv_splits": [4]})
-QSA = OpAdapter("qsa", ("q", "k_cache", "v_cache", "block_table", "indices"), ("o", "lse"), _qsa_load, _qsa_run,
-                knobs={"prob_dtype": ["fp16"], "num_kv_splits": [4]})
+def _adapter(op, names, outputs, load, run, knobs) -> OpAdapter:
+    """The adapter for captures that call the op ``op`` (an engine's own module name, say)."""
+    return OpAdapter(op, names, outputs, lambda cap, r, s, l: load(cap, r, s, l, op=op), run, knobs=knobs,
+                     for_op=lambda other: _adapter(other, names, outputs, load, run, knobs))
+
+
+GDN = _adapter("gdn", ("q", "k", "v", "g", "beta", "state"), ("core", "state"), _gdn_load, _gdn_run,
+               knobs={"state_dtype": ["bf16"], "input_dtype": ["bf16"]})
+QSA_MERGE = _adapter("qsa", ("partial_o", "partial_lse", "gate"), ("o", "lse", "gated"), _merge_load, _merge_run,
+                     knobs={"prob_dtype": ["fp16"], "num_kv_splits": [4]})
+QSA = _adapter("qsa", ("q", "k_cache", "v_cache", "block_table", "indices"), ("o", "lse"), _qsa_load, _qsa_run,
+               knobs={"prob_dtype": ["fp16"], "num_kv_splits": [4]})
