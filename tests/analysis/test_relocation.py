@@ -1,3 +1,5 @@
+from pathlib import Path
+
 import torch
 
 from workbench.analysis import relocation_invariance, relocation_invariance_captures
@@ -28,3 +30,27 @@ def test_hybrid_model_relocation_per_layer():
         out[order] = relocation_invariance_captures(ref, {"moved": moved}, names=("partial_o", "o", "gated"))
     assert bool(out["logical"].invariant.all())
     assert not bool(out["physical"].invariant.all())
+
+
+def test_captured_decode_inputs_need_every_selected_position(tmp_path):
+    import pytest
+    import torch
+
+    from workbench.analysis.relocation import captured_decode_inputs, find_attention_inputs
+    from workbench.capture import CaptureWriter, open_capture
+    from workbench.errors import AnalysisError
+
+    g = torch.Generator().manual_seed(0)
+    with CaptureWriter(tmp_path / "c", arm="x") as w:
+        for step, (a, b) in enumerate([(0, 12), (12, 13)]):
+            w.add(torch.randn(b - a, 2, 8, generator=g), step=step, layer=5, op="attn", name="q")
+            for n in ("k", "v"):
+                w.add(torch.randn(b - a, 1, 8, generator=g), step=step, layer=5, op="attn", name=n)
+            w.add(torch.tensor([[0, 3, b - 1, -1]] * (b - a), dtype=torch.int32), step=step, layer=5, op="attn", name="indices")
+    cap = open_capture(tmp_path / "c")
+    assert find_attention_inputs(cap) == "attn"
+    q, k, v, idx = captured_decode_inputs(cap, op="attn")[5]
+    assert q.shape == (1, 2, 8) and k.shape == (1, 13, 1, 8) and idx.tolist() == [[0, 3, 12, -1]]
+    assert torch.equal(k[0, 12], cap.get(op="attn", name="k", step=1)[0])
+    with pytest.raises(AnalysisError, match="k/v recorded for some positions only"):
+        captured_decode_inputs(Path(__file__).resolve().parents[2] / "captures" / "control", op="qsa")

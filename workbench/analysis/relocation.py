@@ -19,7 +19,7 @@ from workbench.errors import AnalysisError
 from workbench.kernels import qsa
 from workbench.numerics.policy import resolve_policy
 
-__all__ = ["relocation_invariance", "relocation_invariance_captures"]
+__all__ = ["relocation_invariance", "relocation_invariance_captures", "find_attention_inputs", "captured_decode_inputs"]
 
 
 def _diff(a: torch.Tensor, b: torch.Tensor) -> tuple[bool, float, int]:
@@ -166,3 +166,60 @@ def relocation_invariance_captures(reference, relocated: Mapping[str, object] | 
     ds.attrs.update(analysis="relocation_invariance_captures", reference=str(ref.path), op=op,
                     check="bitwise equality of every step and rank")
     return ds
+
+
+def find_attention_inputs(cap, op: str | None = None) -> str | None:
+    """The op whose ``q``, ``k``, ``v`` and ``indices`` (the sparse attention's selected positions)
+    are recorded: ``op`` when given (checked), else the one op that has all four (None: none has
+    them; AnalysisError: several do)."""
+    cap = cap if isinstance(cap, Capture) else open_capture(cap)
+    need = {"q", "k", "v", "indices"}
+    have = cap.index[cap.index["layer"] >= 0].groupby("op")["name"].agg(set)
+    ops = sorted(o for o, names in have.items() if need <= names)
+    if op:
+        if op not in ops:
+            raise AnalysisError(f"op {op!r} of {cap.path} does not hold all of {sorted(need)}", key="qsa", file=cap.path,
+                                fix=f"use one of {ops}" if ops else "record q, k, v and indices of the sparse attention")
+        return op
+    if len(ops) > 1:
+        raise AnalysisError(f"several ops hold q, k, v, indices in {cap.path}: {ops}", key="qsa", file=cap.path,
+                            fix="name one with qsa='op'")
+    return ops[0] if ops else None
+
+
+def captured_decode_inputs(cap, *, op: str, rank: int = 0) -> dict[int, tuple]:
+    """``{layer: (q, k, v, indices)}`` for :func:`relocation_invariance` from a capture: the query
+    and indices of the last recorded position of each layer's last step, and the KV of every
+    position before it (k/v of each step concatenated in step order: a prefill recorded whole,
+    then one row per decode step). Layers whose recorded KV does not cover every selected
+    position are left out; AnalysisError when none is covered."""
+    cap = cap if isinstance(cap, Capture) else open_capture(cap)
+    sel = cap.select(op=op, rank=rank)
+    out, short = {}, []
+    for layer in sorted(int(x) for x in sel.index["layer"].unique()):
+        lay = sel.select(layer=layer)
+        steps = sorted(int(s) for s in lay.index["step"].unique())
+        rows = lay.index
+        if any("positions" in (t or {}) for t in rows[rows["name"].isin(["k", "v"])]["tags"]):
+            short.append(f"layer {layer}: k/v recorded for some positions only")
+            continue
+        try:
+            k = torch.cat([lay.get(step=s, name="k").reshape(-1, *lay.get(step=s, name="k").shape[-2:]) for s in steps])
+            v = torch.cat([lay.get(step=s, name="v").reshape(-1, *lay.get(step=s, name="v").shape[-2:]) for s in steps])
+            q = lay.get(step=steps[-1], name="q")
+            idx = lay.get(step=steps[-1], name="indices")
+        except KeyError as e:
+            short.append(f"layer {layer}: {e}")
+            continue
+        q = q.reshape(-1, *q.shape[-2:])[-1:].float()
+        idx = idx.reshape(-1, idx.shape[-1])[-1:].int()
+        need = int(idx.max()) + 1 if idx.numel() else 0
+        if need > k.shape[0]:
+            short.append(f"layer {layer}: indices reach position {need - 1}, k/v hold {k.shape[0]}")
+            continue
+        out[layer] = (q, k[None].float(), v[None].float(), idx)
+    if not out:
+        raise AnalysisError(f"no layer of {op} in {cap.path} holds the KV of every selected position ({'; '.join(short)})",
+                            key="qsa", file=cap.path,
+                            fix="record q, k, v, indices of every position (a whole prefill and every decode step)")
+    return out
