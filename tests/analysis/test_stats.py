@@ -137,3 +137,23 @@ def test_docstring_examples_run():
 
     res = doctest.testmod(mod, extraglobs={"torch": torch} if hasattr(mod, "torch") else {}, optionflags=doctest.ELLIPSIS)
     assert res.failed == 0 and res.attempted > 0
+
+
+def test_read_outcomes_csv_json_and_errors(tmp_path):
+    import json
+
+    import pytest
+
+    from workbench.analysis.stats import read_outcomes
+    from workbench.errors import KernelArgumentError
+
+    (tmp_path / "a.csv").write_text("control,candidate\npass,FAIL\n1,1\nno,yes\n")
+    a, b = read_outcomes(tmp_path / "a.csv")
+    assert a.tolist() == [True, True, False] and b.tolist() == [False, True, True]
+    (tmp_path / "b.json").write_text(json.dumps([{"control": True, "candidate": False}]))
+    assert [x.tolist() for x in read_outcomes(tmp_path / "b.json")] == [[True], [False]]
+    (tmp_path / "c.csv").write_text("control,candidate\npass,maybe\n")
+    with pytest.raises(KernelArgumentError, match="row 1 of column 'candidate' is 'maybe'"):
+        read_outcomes(tmp_path / "c.csv")
+    with pytest.raises(KernelArgumentError, match="does not exist"):
+        read_outcomes(tmp_path / "none.csv")

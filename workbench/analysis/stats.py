@@ -25,7 +25,7 @@ import xarray as xr
 
 from workbench.errors import KernelArgumentError
 
-__all__ = ["mcnemar_exact", "newcombe_paired_ci", "paired_binary", "paired_binary_table", "paired_timing",
+__all__ = ["mcnemar_exact", "newcombe_paired_ci", "paired_binary", "paired_binary_table", "read_outcomes", "paired_timing",
            "abba_blocks", "aa_comparison", "t_quantile"]
 
 
@@ -240,6 +240,57 @@ def paired_binary(control: Sequence[bool], candidate: Sequence[bool], *, confide
                              confidence=confidence, alpha=alpha)
     return ds.assign(outcome=(("case", "arm"), np.stack([a, b], -1))).assign_coords(
         case=np.arange(a.shape[0]), arm=["control", "candidate"])
+
+
+_TRUE = {"1", "true", "pass", "passed", "yes", "y", "t", "ok", "correct"}
+_FALSE = {"0", "false", "fail", "failed", "no", "n", "f", "wrong", "incorrect"}
+
+
+def read_outcomes(path, *, control: str = "control", candidate: str = "candidate") -> tuple[np.ndarray, np.ndarray]:
+    """Per-case pass/fail outcomes of two arms from a file: CSV (or TSV) with one row per case and
+    columns ``control`` and ``candidate`` (names as given), or JSON, either
+    ``{"control": [...], "candidate": [...]}`` or a list of ``{"control": .., "candidate": ..}``
+    records. Values: 1/0, true/false, pass/fail, yes/no (any case).
+
+    Returns ``(control [N] bool, candidate [N] bool)``; a missing file, column or an unreadable
+    value is a KernelArgumentError naming the file, the column and the row.
+    """
+    import json
+    from pathlib import Path
+
+    import pandas as pd
+
+    p = Path(path)
+    if not p.is_file():
+        raise KernelArgumentError(f"outcomes file {p} does not exist", key="outcomes", file=p,
+                                  fix="pass a CSV with columns control,candidate (one row per case)")
+    try:
+        if p.suffix.lower() == ".json":
+            data = json.loads(p.read_text())
+            df = pd.DataFrame(data if isinstance(data, list) else {k: list(v) for k, v in data.items()})
+        else:
+            df = pd.read_csv(p, sep=None, engine="python", dtype=str)
+    except (ValueError, OSError, pd.errors.ParserError) as e:
+        raise KernelArgumentError(f"cannot read outcomes from {p}: {e}", key="outcomes", file=p,
+                                  fix="write a CSV with a header row naming the columns control,candidate") from None
+    out = []
+    for col in (control, candidate):
+        if col not in df.columns:
+            raise KernelArgumentError(f"{p} has no column {col!r}; it has {list(df.columns)}", key=col, file=p,
+                                      fix="name the arms' columns with control=/candidate= (paired_stats: "
+                                          "-p control_column / -p candidate_column)")
+        vals = []
+        for i, v in enumerate(df[col].tolist()):
+            t = str(v).strip().lower()
+            if t in _TRUE or t in _FALSE:
+                vals.append(t in _TRUE)
+            else:
+                raise KernelArgumentError(f"{p}: row {i + 1} of column {col!r} is {v!r}, not a pass/fail outcome", key=col,
+                                          file=p, fix="write 1/0, true/false or pass/fail")
+        out.append(np.array(vals, dtype=bool))
+    if not len(out[0]):
+        raise KernelArgumentError(f"{p} holds no cases", key="outcomes", file=p, fix="one row per case")
+    return out[0], out[1]
 
 
 def _bools(name, v) -> np.ndarray:
