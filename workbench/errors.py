@@ -31,6 +31,7 @@ __all__ = [
     "CaptureBudgetError",
     "CaptureLockedError",
     "DiskFullError",
+    "DimsError",
     "KernelArgumentError",
     "BackendUnavailableError",
     "UnknownBackendError",
@@ -224,3 +225,7 @@ class AnalysisError(WorkbenchError, ValueError):
 class GraftError(AnalysisError):
     """A re-run cannot graft an override (a key the run never produces, a shape it does not
     have, a tensor the model reads before recording it); the message names the key and the fix."""
+
+
+class DimsError(CaptureError):
+    """A tensor layout spec (``dims``) that does not parse, or does not fit its tensor."""

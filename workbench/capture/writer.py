@@ -290,16 +290,28 @@ class CaptureWriter:
         return self._seq
 
     def add(self, tensor, /, *, rank: int = 0, step: int = 0, layer: int = -1, op: str, name: str,
-            **tags) -> int:
+            dims: str | None = None, **tags) -> int:
         """Add one tensor under key (rank, step, layer, op, name); returns its ``seq``.
 
         ``seq`` is the order of ``add`` calls: the causal order in which tensors were produced.
-        Tags are free-form scalars (str, int, finite float, bool, None), checked here so that
-        ``close()`` cannot fail on them.
+        ``dims`` is the tensor's layout spec (``"t h[tp:partial]"``, grammar in
+        :mod:`workbench.capture.dims`), checked against its shape and kept as the tag ``dims``;
+        with it, and the rank's coordinates as tags (``tp_rank``, ``tp_size``, ``cp_rank``...; a
+        capture whose only parallel axis is one spec axis needs none), logical comparison rebuilds
+        the tensor from its ranks. Tags are free-form scalars (str, int, finite float, bool, None),
+        checked here so that ``close()`` cannot fail on them.
         """
         if self._closed:
             raise CaptureError("writer is closed", file=self.path, fix="open a new CaptureWriter")
         key = _check_key(rank, step, layer, op, name)
+        if dims is not None:
+            from workbench.capture.dims import DimsError, parse_dims
+
+            try:
+                parse_dims(dims).check(getattr(tensor, "shape", ()), where=f" {key['op']}/{key['name']}")
+            except DimsError as e:
+                raise DimsError(e.message, file=self.path, key=key, fix=e.fix) from None
+            tags["dims"] = dims
         for k, v in tags.items():
             _check_tag(k, v, key)
         kt = tuple(key.values())
