@@ -126,7 +126,7 @@ def cmd_compare(args) -> int:
         rules.append(Rule(pattern=pat or "*", metric=metric, threshold=value))
     out = _writable_file(args.json, "--json") if args.json else None
     res = compare_captures(args.control, args.candidate, aa=args.aa, rules=rules or None, dtype=args.dtype,
-                           verify=args.verify)
+                           verify=args.verify, grouping=args.grouping)
     print(res.report(rows=args.rows))
     if out is not None:
         atomic_write_json(out, json.loads(json.dumps(res.to_dict(), default=str)), indent=1)
@@ -212,6 +212,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="check each shard's sha256 once, at its first read (one extra read of the data)")
     s.add_argument("--allow-missing", action="store_true",
                    help="exit 0 (not 3) when no key diverges but the arms do not hold the same keys")
+    s.add_argument("--grouping", choices=("auto", "logical", "raw"), default="auto",
+                   help="logical: rebuild each tensor from its ranks with its dims spec (TP1 vs TP2...); raw: rank by "
+                        "rank; auto (default): logical when a tensor has a dims spec or the arms' ranks differ")
     s.set_defaults(func=cmd_compare)
 
     s = sub.add_parser("run", help="execute notebooks (papermill), write HTML reports and a gate verdict",

@@ -117,7 +117,9 @@ class DivergenceAccessor:
             or ``value``: each key's rule metric)
         by: key fields that become dims (any of rank, step, layer, op, name); with ``layer`` in
             ``by``, keys without a layer (-1: lm_head, embeddings) are left out
-        name: keep only this tensor name (None: all; add "name" to ``by`` to keep them apart)
+        name: keep only this tensor name (None: all; add "name" to ``by`` to keep them apart); the
+            default ``"output"`` keeps every name when no key is named ``output`` (an engine that
+            names its tensors otherwise)
         reduce: "max" or "mean" over the other key fields
         where: key-field filters (``op="qsa"``, ``step=[1, 2]``)
 
@@ -140,6 +142,8 @@ class DivergenceAccessor:
         if reduce not in ("max", "mean"):
             raise AnalysisError(f"reduce must be 'max' or 'mean', got {reduce!r}", key="reduce",
                                 fix="pass reduce='max'")
+        if name == "output" and "output" not in set(self._keyed().name.to_numpy().tolist()):
+            name = None
         sub = self._select(name, where)
         if "layer" in by:
             keep = sub.layer.to_numpy() >= 0

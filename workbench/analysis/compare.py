@@ -13,11 +13,14 @@ import pandas as pd
 import xarray as xr
 
 from workbench.capture.format import DTYPES, KEY_FIELDS
+from workbench.capture.logical import LogicalCapture, has_layout
 from workbench.capture.reader import Capture, open_capture
 from workbench.errors import WorkbenchError
 from workbench.numerics.metrics import FIELDS, compare
 
-__all__ = ["Rule", "DEFAULT_RULE", "ComparisonResult", "compare_captures", "METRICS"]
+__all__ = ["Rule", "DEFAULT_RULE", "ComparisonResult", "compare_captures", "METRICS", "GROUPINGS"]
+
+GROUPINGS = ("auto", "logical", "raw")
 
 # metrics where a larger value means "further apart"
 METRICS = ("rel_l2", "max_abs", "mean_abs", "max_ulp", "median_ulp", "frac_outside")
@@ -114,6 +117,65 @@ class ComparisonResult:
         self.control_arm = control.arm
         self.candidate_arm = candidate.arm
         self.rules = rules
+        self.grouping = "raw"  # or "logical": tensors rebuilt from their ranks (compare_captures sets it)
+        self.replicas = pd.DataFrame(columns=["arm", "step", "layer", "op", "name", "rank", "axis", "coordinate",
+                                              "max_abs"])  # replicated copies that disagree (logical grouping)
+        self.layout_notes: list[str] = []  # groups a logical comparison kept rank by rank, and why
+
+    def by_rank(self, key=None) -> pd.DataFrame:
+        """Which rank's piece of a logical tensor differs (logical grouping): for ``key`` (a dict
+        or table row; default the first divergence), one row per rank of the candidate with the
+        metrics of its piece against the control's matching piece (the control's own piece when
+        both arms hold the same layout, else the slice of the control's tensor that rank holds).
+        Partial sums cannot be taken apart against an unsharded control: an empty table whose
+        attrs ``reason`` says so."""
+        views = getattr(self, "_views", None)
+        if views is None:
+            raise WorkbenchError("by_rank needs a logical comparison", key="grouping",
+                                 fix="compare with grouping='logical' (a raw comparison names the rank already)")
+        if key is None:
+            key = self.first_divergence()
+            if key is None:
+                return pd.DataFrame(columns=["rank", "coordinate", "rel_l2", "max_abs"])
+        sel = {f: (int(key[f]) if f in ("step", "layer") else str(key[f])) for f in ("step", "layer", "op", "name")}
+        rows = []
+        for v in views:
+            view = v.select(**sel)
+            rows.append(view.index.iloc[0] if len(view) == 1 else None)
+        out = pd.DataFrame(columns=["rank", "coordinate", "rel_l2", "max_abs"])
+        if rows[0] is None or rows[1] is None or rows[1]["_plan"] is None or not rows[1]["_plan"][0]:
+            out.attrs["reason"] = "the candidate's tensor is not rebuilt from several ranks"
+            return out
+        c_axes, c_coords, c_dims = rows[1]["_plan"]
+        src = [views[1].cap.index.loc[i] for i in rows[1]["_rows"]]
+        ctl_plan = rows[0]["_plan"]
+        same = ctl_plan is not None and list(ctl_plan[0]) == list(c_axes) and list(ctl_plan[1]) == list(c_coords)
+        if not same and c_dims is not None and c_dims.partial_axes():
+            out.attrs["reason"] = ("partial sums over " + ",".join(c_dims.partial_axes())
+                                   + " cannot be taken apart against a control of another layout")
+            return out
+        from workbench.capture.dims import shard_of
+
+        whole = None if same else views[0].tensor(rows[0])
+        sizes = {a: len({c[i] for c in c_coords}) for i, a in enumerate(c_axes)}
+        recs = []
+        for j, (coord, r) in enumerate(zip(c_coords, src)):
+            mine = views[1].cap._tensor(r)
+            if same:
+                ref = views[0].cap._tensor(views[0].cap.index.loc[rows[0]["_rows"][j]])
+            else:
+                ref = shard_of(whole, c_dims, sizes, dict(zip(c_axes, coord))) if c_dims is not None else whole
+            res = compare(ref, mine)
+            recs.append({"rank": int(r["rank"]), "coordinate": " ".join(f"{a}={c}" for a, c in zip(c_axes, coord)),
+                         "rel_l2": float(res.rel_l2), "max_abs": float(res.max_abs)})
+        out = pd.DataFrame(recs, columns=out.columns)
+        out.attrs["reason"] = "pieces compared rank by rank" if same else "candidate pieces against the control's slices"
+        return out
+
+    def describe_replicas(self) -> list[str]:
+        """One sentence per replicated copy that disagrees with the lowest rank's (logical grouping)."""
+        return [f"{r.arm}: step {r.step}, layer {r.layer}, {r.op}/{r.name}: rank {r.rank} ({r.axis} {r.coordinate}) "
+                f"differs from its replicas by up to {r.max_abs:.3e}" for r in self.replicas.itertuples()]
 
     # -- queries -----------------------------------------------------------------------------
     def divergent(self, *, include_missing: bool = False) -> pd.DataFrame:
@@ -170,7 +232,7 @@ class ComparisonResult:
         ds = xr.Dataset(data, coords=coords)
         ds.attrs.update(control=self.control_path, candidate=self.candidate_path,
                         aa=self.aa_path or "", control_arm=self.control_arm,
-                        candidate_arm=self.candidate_arm,
+                        candidate_arm=self.candidate_arm, grouping=self.grouping,
                         rules=json.dumps([asdict(r) for r in self.rules]),
                         first_divergence=self.describe_first(), **self._first_attrs())
         return ds
@@ -212,6 +274,8 @@ class ComparisonResult:
         """A readable table: the keys up to the first divergence (and a few after), then a verdict."""
         t = self.table
         cols = [*KEY_FIELDS, "seq", "status", "rel_l2", "max_abs", "max_ulp", "aa", "threshold"]
+        if self.grouping == "logical":
+            cols.append("layout_candidate")
         fd = self.first_divergence()
         if fd is not None:
             pos = int(np.flatnonzero(t.index == fd.name)[0])
@@ -226,10 +290,23 @@ class ComparisonResult:
         head = (f"control   {self.control_path} (arm {self.control_arm})\n"
                 f"candidate {self.candidate_path} (arm {self.candidate_arm})\n"
                 + (f"A/A       {self.aa_path}\n" if self.aa_path else "")
+                + f"grouping: {self.grouping}" + (" (logical tensors rebuilt from their ranks; rank 0 is the logical "
+                                                  "tensor)" if self.grouping == "logical" else " (rank by rank)") + "\n"
                 + f"keys: {len(t)}  " + "  ".join(f"{k}={v}" for k, v in sorted(c.items())))
         more = f"\n... {len(t) - len(view)} more rows" if len(t) > len(view) else ""
         missing = "".join(f"\n{line}" for line in self.describe_missing())
-        return f"{head}\n\n{body}{more}\n\n{self.describe_first()}{missing}"
+        extra = ""
+        if self.grouping == "logical":
+            extra += "".join(f"\nreplica disagrees: {line}" for line in self.describe_replicas())
+            notes = self.layout_notes
+            extra += "".join(f"\nkept rank by rank: {n}" for n in notes[:10])
+            extra += f"\n... {len(notes) - 10} more groups kept rank by rank" if len(notes) > 10 else ""
+            if fd is not None:
+                br = self.by_rank()
+                extra += ("\nby rank: " + "; ".join(f"rank {r.rank} ({r.coordinate}) rel_l2={r.rel_l2:.3e}"
+                                                    for r in br.itertuples())) if len(br) else \
+                    f"\nby rank: {br.attrs.get('reason', 'not attributable')}"
+        return f"{head}\n\n{body}{more}\n\n{self.describe_first()}{missing}{extra}"
 
     def __repr__(self) -> str:
         return f"<ComparisonResult keys={len(self.table)} {self.describe_first()}>"
@@ -243,7 +320,8 @@ def _rule_for(rules: list[Rule], op: str, name: str, layer: int) -> Rule:
 
 
 def compare_captures(control, candidate, *, aa=None, rules=None, dtype=None,
-                     atol: float = 1e-5, rtol: float = 1e-3, verify: bool = False, **filters) -> ComparisonResult:
+                     atol: float = 1e-5, rtol: float = 1e-3, verify: bool = False, grouping: str = "auto",
+                     **filters) -> ComparisonResult:
     """Compare every tensor key of two captures.
 
     Parameters
@@ -254,6 +332,10 @@ def compare_captures(control, candidate, *, aa=None, rules=None, dtype=None,
     dtype: ULP format (default: the coarser stored format of each pair)
     atol, rtol: the "outside" tolerance reported as ``frac_outside``
     verify: open capture paths with checksum-on-read (each shard's sha256 checked at its first read)
+    grouping: "logical" compares logical tensors, each rebuilt from its ranks with its ``dims``
+        spec (:class:`~workbench.capture.logical.LogicalCapture`: TP1 against TP2/4/8, CP...);
+        "raw" compares rank with rank; "auto" (default) is logical when a tensor carries a
+        ``dims`` spec or the arms hold different sets of ranks, else raw
     filters: restrict both captures as :meth:`Capture.select` does (e.g. ``op="gdn"``)
 
     Returns
@@ -269,12 +351,22 @@ def compare_captures(control, candidate, *, aa=None, rules=None, dtype=None,
     rl = _as_rules(rules)
     ctl, cand = _open(control, verify), _open(candidate, verify)
     rep = _open(aa, verify) if aa is not None else None
+    if grouping not in GROUPINGS:
+        raise WorkbenchError(f"grouping must be one of {list(GROUPINGS)}, got {grouping!r}", key="grouping",
+                             fix="pass grouping='logical' (rebuild tensors from their ranks) or 'raw' (rank by rank)")
+    if grouping == "auto":
+        arms = [c for c in (ctl, cand, rep) if c is not None]
+        ranks = {frozenset(c.index["rank"].unique().tolist()) for c in arms}
+        grouping = "logical" if len(ranks) > 1 or any(has_layout(c) for c in arms) else "raw"
+    if grouping == "logical":
+        ctl, cand = LogicalCapture(ctl), LogicalCapture(cand)
+        rep = LogicalCapture(rep) if rep is not None else None
     if filters:
         ctl, cand = ctl.select(**filters), cand.select(**filters)
         rep = rep.select(**filters) if rep is not None else None
     keys = list(KEY_FIELDS)
-    left = ctl.index.assign(c_pos=np.arange(len(ctl.index)))
-    right = cand.index[keys + ["seq", "dtype", "shape"]].assign(d_pos=np.arange(len(cand.index)))
+    left = _stored_dtype(ctl.index).assign(c_pos=np.arange(len(ctl.index)))
+    right = _stored_dtype(cand.index)[keys + ["seq", "dtype", "shape"]].assign(d_pos=np.arange(len(cand.index)))
     m = left.merge(right, on=keys, how="outer", suffixes=("", "_candidate"), sort=False)
     aa_pos = None
     if rep is not None:
@@ -344,19 +436,38 @@ def compare_captures(control, candidate, *, aa=None, rules=None, dtype=None,
     else:
         table = pd.DataFrame(columns=[*keys, "seq", "status", *FIELDS, "aa", "metric", "value",
                                       "threshold", "exceeded"])
-    return ComparisonResult(table, control=ctl, candidate=cand, aa=rep, rules=rl)
+    if grouping == "logical":
+        for col, c in (("layout", ctl), ("layout_candidate", cand)):  # how each arm's tensor was rebuilt
+            layout = {tuple(r[:5]): r[5] for r in c.index[keys + ["layout"]].itertuples(index=False)}
+            table[col] = [layout.get(k, "") for k in table[keys].itertuples(index=False, name=None)]
+    res = ComparisonResult(table, control=ctl, candidate=cand, aa=rep, rules=rl)
+    res.grouping = grouping
+    if grouping == "logical":
+        res._views = (ctl, cand)
+    if grouping == "logical":
+        res.replicas = pd.DataFrame([{"arm": c.arm, **r} for c in (ctl, cand, rep) if c is not None for r in c.replicas],
+                                    columns=["arm", "step", "layer", "op", "name", "rank", "axis", "coordinate", "max_abs"])
+        res.layout_notes = [f"{c.arm}: {n}" for c in (ctl, cand, rep) if c is not None for n in c.notes]
+    return res
+
+
+def _stored_dtype(index: pd.DataFrame) -> pd.DataFrame:
+    """The index with the dtype the ranks stored (a logical tensor summed in fp64 reports its ranks' dtype)."""
+    return index.assign(dtype=index["source_dtype"]) if "source_dtype" in index else index
 
 
 def _isnan(x) -> bool:
     return x is None or (isinstance(x, float) and math.isnan(x))
 
 
+def _read(c, row):
+    if isinstance(c, LogicalCapture):
+        return c.tensor(row)  # rebuilt from its ranks (torch; fp64 where partial sums were added)
+    return _typed(c.raw(row), row["dtype"])
+
+
 def _compare_rows(ca: Capture, ra, cb: Capture, rb, dtype, atol, rtol):
-    a = ca.raw(ra)
-    b = cb.raw(rb)
-    a = _typed(a, ra["dtype"])
-    b = _typed(b, rb["dtype"])
-    return compare(a, b, dtype=dtype, atol=atol, rtol=rtol)
+    return compare(_read(ca, ra), _read(cb, rb), dtype=dtype, atol=atol, rtol=rtol)
 
 
 def _typed(arr: np.ndarray, dtype: str):
