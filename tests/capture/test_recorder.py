@@ -213,3 +213,22 @@ def test_mapper_and_bad_arguments(tmp_path):
 ])
 def test_split_module_path(path, expected):
     assert split_module_path(path) == expected
+
+
+def test_record_sets_dims_from_module_globs(tmp_path):
+    import pytest
+    import torch
+
+    from workbench.capture import open_capture
+    from workbench.capture.recorder import record
+    from workbench.errors import DimsError
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.ReLU(), torch.nn.Linear(6, 4))
+    with record(model, tmp_path / "a", arm="a", dims={"0/output": "t i[tp]", "2/*": "t h[tp:partial]"}):
+        model(torch.ones(3, 4))
+    tags = {(r.op, r.name): r.tags.get("dims") for r in open_capture(tmp_path / "a").index.itertuples()}
+    assert tags[("0", "output")] == "t i[tp]" and tags[("2", "output")] == "t h[tp:partial]"
+    assert tags[("2", "input")] == "t h[tp:partial]" and tags[("1", "output")] is None
+    with pytest.raises(DimsError, match="names 3 dim"):
+        with record(model, tmp_path / "b", arm="b", dims={"0/output": "b t i[tp]"}):
+            model(torch.ones(3, 4))

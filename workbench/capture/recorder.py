@@ -128,8 +128,11 @@ class Recorder:
 
     def __init__(self, model: torch.nn.Module, writer: CaptureWriter, *, include: Filter, exclude: Filter,
                  max_bytes: int | None, rank: int, mapper, inputs: bool, outputs: bool,
-                 on_budget: str, overrides: Mapping[tuple, torch.Tensor] | None = None) -> None:
+                 on_budget: str, overrides: Mapping[tuple, torch.Tensor] | None = None,
+                 dims: Mapping[str, str] | None = None) -> None:
         self.model = model
+        self._dims = list((dims or {}).items())  # ("module.path/name" glob, spec), first match wins
+        self._paths: dict[tuple[int, str], str] = {}
         self.writer = writer
         self.path = writer.path
         self.rank = rank
@@ -201,6 +204,7 @@ class Recorder:
             key = self._key_of(path, module) if want else None
             if want:
                 self.hooked.append(path)
+                self._paths.setdefault(key, path)
             self._handles.append(module.register_forward_pre_hook(
                 self._make_pre(key, is_root), with_kwargs=True, prepend=is_root))
             self._handles.append(module.register_forward_hook(
@@ -324,11 +328,15 @@ class Recorder:
                               f"step={self.step} layer={layer} op={op} name={name}; the capture keeps what was "
                               f"recorded before it", stacklevel=2)
             return
+        spec = None
+        if self._dims:
+            where = f"{self._paths.get(key, op)}/{name.split('#')[0]}"
+            spec = next((d for pat, d in self._dims if fnmatch.fnmatchcase(where, pat)), None)
         n = 0
         while True:
             try:
                 self.writer.add(t, rank=self.rank, step=self.step, layer=layer, op=op,
-                                name=name if n == 0 else f"{name}~{n}")
+                                name=name if n == 0 else f"{name}~{n}", dims=spec)
                 return
             except DuplicateKeyError:  # only a mapper sending two modules to one (layer, op) gets here
                 n += 1
@@ -382,7 +390,8 @@ def record(model: torch.nn.Module, path: str | os.PathLike, *, arm: str, include
            mapper: Callable[[str, torch.nn.Module], tuple[int, str] | None] | None = None,
            inputs: bool = True, outputs: bool = True, on_budget: str = "raise",
            shard_bytes: int = DEFAULT_SHARD_BYTES, overwrite: bool = False,
-           overrides: Mapping[tuple, torch.Tensor] | None = None) -> Iterator[Recorder]:
+           overrides: Mapping[tuple, torch.Tensor] | None = None,
+           dims: Mapping[str, str] | None = None) -> Iterator[Recorder]:
     """Record the inputs and outputs of a model's modules into a capture at ``path``.
 
     Parameters
@@ -407,6 +416,12 @@ def record(model: torch.nn.Module, path: str | os.PathLike, *, arm: str, include
         replaced by the given tensor, which the model then goes on with and which is what is
         recorded; an override whose key is never produced, or of another shape, is a GraftError
         (:class:`ModelRerun` wraps this as the ``rerun(overrides) -> Capture`` protocol)
+    dims: ``{"module.path/name" glob: dims spec}``, first match wins, e.g.
+        ``{"*.mlp.down_proj/output": "b t h[tp:partial]", "*.mlp.up_proj/output": "b t i[tp]"}``:
+        the layout of the recorded tensors (:mod:`workbench.capture.dims`), for logical comparison
+        of runs with other parallel layouts; a spec that does not fit its tensor is a DimsError.
+        Where the specs name one parallel axis, the ranks are taken in order along it (no
+        ``tp_rank`` tags needed)
 
     Yields
     ------
@@ -433,8 +448,13 @@ def record(model: torch.nn.Module, path: str | os.PathLike, *, arm: str, include
     writer = CaptureWriter(path, arm=arm, run=run, shard_bytes=shard_bytes, overwrite=overwrite)
     if overrides:
         writer.run = {**writer.run, "graft": [list(k) for k in overrides]}
+    if dims is not None and not (isinstance(dims, Mapping) and all(isinstance(k, str) and isinstance(v, str)
+                                                                   for k, v in dims.items())):
+        raise CaptureError("dims must map 'module.path/name' globs to dims specs", key="dims",
+                           fix="pass dims={'*.mlp.down_proj/output': 'b t h[tp:partial]'}")
     rec = Recorder(model, writer, include=include, exclude=exclude, max_bytes=max_bytes, rank=rank,
-                   mapper=mapper, inputs=inputs, outputs=outputs, on_budget=on_budget, overrides=overrides)
+                   mapper=mapper, inputs=inputs, outputs=outputs, on_budget=on_budget, overrides=overrides,
+                   dims=dims)
     from workbench.kernels.registry import kernel_log
     try:
         rec._attach()

@@ -35,7 +35,11 @@ Mapping to capture keys
 * seq (causal order): sorted by step, then ``dump_index`` (the dumper's own counter; files without
   one by modification time), then rank, then path.
 * tags: every other field of the name (``dump_index``, ``recompute_status``, ``tp_rank``...), the
-  scalar entries of ``meta``, and ``dump_name`` (the original name).
+  scalar entries of ``meta``, and ``dump_name`` (the original name). ``meta["dims"]`` (the
+  dumper's ``dims=`` annotation) is checked against the tensor (a spec that does not parse or fit
+  refuses the file); the scalars of ``meta["sglang_parallel_info"]`` (``tp_rank``, ``tp_size``...)
+  become tags, the rank's coordinates for logical comparison, and the first file's sizes are kept
+  in ``run["parallel"]``.
 """
 
 from __future__ import annotations
@@ -52,7 +56,7 @@ from workbench.capture.importers._files import (
 from workbench.capture.importers.base import Importer
 from workbench.capture.recorder import split_module_path
 from workbench.capture.writer import CaptureWriter
-from workbench.errors import DuplicateKeyError, FileNameError, ImporterError, UnsafeFileError
+from workbench.errors import DimsError, DuplicateKeyError, FileNameError, ImporterError, UnsafeFileError
 
 __all__ = ["SGLangImporter", "parse_dump_name", "format_dump_name", "split_dump_name"]
 
@@ -67,6 +71,9 @@ _IO = re.compile(r"^(?:(?P<mod>.*?)\.)?(?P<io>(?:inputs?|outputs?)(?:\..*)?)$")
 _INT_FIELDS = ("step", "forward_pass_id", "rank", "dump_index", "layer_id")
 ORDERS = ("auto", "mtime", "path")
 DUPLICATES = ("raise", "suffix")
+# nested parallel info in a dump's meta: its scalars become the tensor's tags (coordinates for
+# logical comparison), the sizes of the first file go to run["parallel"]
+PARALLEL_INFO_KEYS = ("sglang_parallel_info", "megatron_parallel_info")
 
 
 def parse_dump_name(filename: str) -> dict[str, str]:
@@ -179,6 +186,7 @@ class SGLangImporter(Importer):
         info = {"kind": self.name, "source": str(root.resolve()), "files": len(files),
                 "options": {"on_error": on_error, "order": order, "duplicates": duplicates}}
         imported = 0
+        parallel: dict = {}
         from workbench.progress import progress
 
         with CaptureWriter(dst, arm=arm or root.resolve().name, run=meta, overwrite=overwrite) as w:
@@ -189,11 +197,22 @@ class SGLangImporter(Importer):
                     skips(err)
                     continue
                 tags = safe_tags({**scalar_tags(extra, set(e["tags"]) | set(e["fields"])), **e["tags"]})
-                w.add(tensor, rank=e["rank"], step=e["step"], layer=e["layer"], op=e["op"],
-                      name=e["name"], **tags)
+                for key in PARALLEL_INFO_KEYS:  # the rank's coordinates (tp_rank, tp_size, ...) as tags
+                    pinfo = extra.get(key)
+                    if isinstance(pinfo, dict) and not any(str(k).endswith("_error") for k in pinfo):
+                        tags.update(scalar_tags({k: v for k, v in pinfo.items() if k not in tags}))
+                        parallel.setdefault(key, {k: v for k, v in pinfo.items() if not str(k).endswith("_rank")})
+                try:
+                    w.add(tensor, rank=e["rank"], step=e["step"], layer=e["layer"], op=e["op"],
+                          name=e["name"], **tags)
+                except DimsError as err:  # a dims spec that does not parse or fit: the file is refused
+                    skips(DimsError(err.message, file=e["path"], key=err.key, fix=err.fix))
+                    continue
                 imported += 1
             info.update(imported=imported, skipped=skips.summary())
             meta["importer"] = info
+            if parallel:
+                meta.setdefault("parallel", parallel)
             w.run = meta
         return Path(dst)
 
