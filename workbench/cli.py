@@ -126,7 +126,7 @@ def cmd_compare(args) -> int:
         rules.append(Rule(pattern=pat or "*", metric=metric, threshold=value))
     out = _writable_file(args.json, "--json") if args.json else None
     res = compare_captures(args.control, args.candidate, aa=args.aa, rules=rules or None, dtype=args.dtype,
-                           verify=args.verify, grouping=args.grouping)
+                           verify=args.verify, grouping=args.grouping, align=args.align)
     print(res.report(rows=args.rows))
     if out is not None:
         atomic_write_json(out, json.loads(json.dumps(res.to_dict(), default=str)), indent=1)
@@ -215,6 +215,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--grouping", choices=("auto", "logical", "raw"), default="auto",
                    help="logical: rebuild each tensor from its ranks with its dims spec (TP1 vs TP2...); raw: rank by "
                         "rank; auto (default): logical when a tensor has a dims spec or the arms' ranks differ")
+    s.add_argument("--align", choices=("auto", "tokens", "steps"), default="auto",
+                   help="tokens: pair the candidate's token rows with the control's by (request, position) "
+                        "(chunked vs unchunked prefill, batched vs alone); steps: step with step; auto (default): "
+                        "tokens when every capture records its batch rows")
     s.set_defaults(func=cmd_compare)
 
     s = sub.add_parser("run", help="execute notebooks (papermill), write HTML reports and a gate verdict",

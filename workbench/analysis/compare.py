@@ -13,6 +13,7 @@ import pandas as pd
 import xarray as xr
 
 from workbench.capture.format import DTYPES, KEY_FIELDS
+from workbench.capture.align import BATCH_OP, AlignedView, align_tokens
 from workbench.capture.logical import LogicalCapture, has_layout
 from workbench.capture.reader import Capture, open_capture
 from workbench.errors import WorkbenchError
@@ -21,6 +22,7 @@ from workbench.numerics.metrics import FIELDS, compare
 __all__ = ["Rule", "DEFAULT_RULE", "ComparisonResult", "compare_captures", "METRICS", "GROUPINGS"]
 
 GROUPINGS = ("auto", "logical", "raw")
+ALIGNS = ("auto", "tokens", "steps")
 
 # metrics where a larger value means "further apart"
 METRICS = ("rel_l2", "max_abs", "mean_abs", "max_ulp", "median_ulp", "frac_outside")
@@ -121,6 +123,8 @@ class ComparisonResult:
         self.replicas = pd.DataFrame(columns=["arm", "step", "layer", "op", "name", "rank", "axis", "coordinate",
                                               "max_abs"])  # replicated copies that disagree (logical grouping)
         self.layout_notes: list[str] = []  # groups a logical comparison kept rank by rank, and why
+        self.align = "steps"  # or "tokens": the candidate's rows rebuilt on the control's steps by (request, position)
+        self.align_notes: list[str] = []  # candidate rows no control row asked for
 
     def by_rank(self, key=None) -> pd.DataFrame:
         """Which rank's piece of a logical tensor differs (logical grouping): for ``key`` (a dict
@@ -296,6 +300,9 @@ class ComparisonResult:
         more = f"\n... {len(t) - len(view)} more rows" if len(t) > len(view) else ""
         missing = "".join(f"\n{line}" for line in self.describe_missing())
         extra = ""
+        if self.align == "tokens":
+            extra += "\naligned by (request, position) on the control's steps" + "".join(
+                f"\n{n}" for n in self.align_notes)
         if self.grouping == "logical":
             extra += "".join(f"\nreplica disagrees: {line}" for line in self.describe_replicas())
             notes = self.layout_notes
@@ -321,7 +328,7 @@ def _rule_for(rules: list[Rule], op: str, name: str, layer: int) -> Rule:
 
 def compare_captures(control, candidate, *, aa=None, rules=None, dtype=None,
                      atol: float = 1e-5, rtol: float = 1e-3, verify: bool = False, grouping: str = "auto",
-                     **filters) -> ComparisonResult:
+                     align: str = "auto", **filters) -> ComparisonResult:
     """Compare every tensor key of two captures.
 
     Parameters
@@ -336,6 +343,11 @@ def compare_captures(control, candidate, *, aa=None, rules=None, dtype=None,
         spec (:class:`~workbench.capture.logical.LogicalCapture`: TP1 against TP2/4/8, CP...);
         "raw" compares rank with rank; "auto" (default) is logical when a tensor carries a
         ``dims`` spec or the arms hold different sets of ranks, else raw
+    align: "tokens" rebuilds the candidate's (and the A/A repeat's) token rows on the control's
+        steps by (request, position) (:mod:`workbench.capture.align`: chunked against unchunked
+        prefill, a request alone against the same request in a batch); "steps" pairs step with
+        step; "auto" (default) aligns tokens when every capture records its batch rows
+        (``CaptureWriter.add_batch``)
     filters: restrict both captures as :meth:`Capture.select` does (e.g. ``op="gdn"``)
 
     Returns
@@ -361,6 +373,20 @@ def compare_captures(control, candidate, *, aa=None, rules=None, dtype=None,
     if grouping == "logical":
         ctl, cand = LogicalCapture(ctl), LogicalCapture(cand)
         rep = LogicalCapture(rep) if rep is not None else None
+    if align not in ALIGNS:
+        raise WorkbenchError(f"align must be one of {list(ALIGNS)}, got {align!r}", key="align",
+                             fix="pass align='tokens' (by request and position) or 'steps' (step with step)")
+    if align == "auto":
+        arms = [c for c in (ctl, cand, rep) if c is not None]
+        align = "tokens" if all((c.index["op"] == BATCH_OP).any() for c in arms) else "steps"
+    align_notes: list[str] = []
+    if align == "tokens":
+        pair = align_tokens(ctl, cand)
+        cand, align_notes = pair.candidate, [f"{cand.arm}: {n}" for n in pair.notes]
+        if rep is not None:
+            pa = align_tokens(ctl, rep)
+            rep, align_notes = pa.candidate, align_notes + [f"{rep.arm}: {n}" for n in pa.notes]
+        ctl = ctl.select(op=lambda o: o != BATCH_OP)
     if filters:
         ctl, cand = ctl.select(**filters), cand.select(**filters)
         rep = rep.select(**filters) if rep is not None else None
@@ -441,8 +467,8 @@ def compare_captures(control, candidate, *, aa=None, rules=None, dtype=None,
             layout = {tuple(r[:5]): r[5] for r in c.index[keys + ["layout"]].itertuples(index=False)}
             table[col] = [layout.get(k, "") for k in table[keys].itertuples(index=False, name=None)]
     res = ComparisonResult(table, control=ctl, candidate=cand, aa=rep, rules=rl)
-    res.grouping = grouping
-    if grouping == "logical":
+    res.grouping, res.align, res.align_notes = grouping, align, align_notes
+    if grouping == "logical" and isinstance(cand, LogicalCapture):
         res._views = (ctl, cand)
     if grouping == "logical":
         res.replicas = pd.DataFrame([{"arm": c.arm, **r} for c in (ctl, cand, rep) if c is not None for r in c.replicas],
@@ -461,8 +487,9 @@ def _isnan(x) -> bool:
 
 
 def _read(c, row):
-    if isinstance(c, LogicalCapture):
-        return c.tensor(row)  # rebuilt from its ranks (torch; fp64 where partial sums were added)
+    if isinstance(c, (LogicalCapture, AlignedView)):
+        # rebuilt from its ranks or rows (torch; fp64 where partial sums were added), flat as raw() reads
+        return c.tensor(row).reshape(-1)
     return _typed(c.raw(row), row["dtype"])
 
 

@@ -183,6 +183,9 @@ class LogicalCapture:
         for k, want in filters.items():
             if k not in df.columns:
                 raise KeyNotFoundError(f"unknown filter {k!r}", file=self.path, fix=f"filter on one of {list(KEY_FIELDS)}")
+            if callable(want):
+                m &= df[k].map(want).to_numpy(dtype=bool)
+                continue
             vals = want if isinstance(want, (list, tuple, set, range)) else [want]
             m &= df[k].isin(list(vals)).to_numpy()
         return LogicalCapture(self.cap, _index=df[m].reset_index(drop=True), _shared=self._shared)

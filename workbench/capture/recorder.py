@@ -159,6 +159,12 @@ class Recorder:
         self.grafted: list[tuple] = []
 
     # -- public ------------------------------------------------------------------------------
+    def add_batch(self, *, requests, positions) -> None:
+        """Record which request and position each token row of the current step belongs to
+        (:meth:`CaptureWriter.add_batch`): runs that chunk or batch differently then compare row
+        by row. Call it once per step, before the model call of that step."""
+        self.writer.add_batch(self.step, requests=requests, positions=positions, rank=self.rank)
+
     @property
     def bytes_written(self) -> int:
         return self.writer.bytes_written

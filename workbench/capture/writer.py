@@ -343,6 +343,32 @@ class CaptureWriter:
                 raise
         return seq
 
+    def add_batch(self, step: int, *, requests, positions, rank: int = 0) -> None:
+        """Say which request and position each token row of ``step`` belongs to, so that runs that
+        batch, chunk or number steps differently align row by row (:mod:`workbench.capture.align`).
+
+        ``requests``: one id per token row (a shared request id, or ``prompt_id(prompt tokens)``);
+        ``positions``: the position of each row in its request. Written as ``batch/request``
+        (indices into ``run["requests"]``) and ``batch/positions`` at layer -1.
+        """
+        import torch
+
+        requests, positions = [str(r) for r in requests], [int(p) for p in positions]
+        if len(requests) != len(positions) or not requests:
+            raise CaptureError(f"add_batch needs one request id per position, got {len(requests)} ids and "
+                               f"{len(positions)} positions", file=self.path, key="requests",
+                               fix="pass requests=[id per token row], positions=[position per token row]")
+        ids = self.run.setdefault("requests", [])
+        where = self.__dict__.setdefault("_request_index", {r: i for i, r in enumerate(ids)})
+        for r in requests:
+            if r not in where:
+                where[r] = len(ids)
+                ids.append(r)
+        self.add(torch.tensor([where[r] for r in requests], dtype=torch.int64), rank=rank, step=step, layer=-1,
+                 op="batch", name="request")
+        self.add(torch.tensor(positions, dtype=torch.int64), rank=rank, step=step, layer=-1, op="batch",
+                 name="positions")
+
     def close(self) -> Path:
         """Write the last shard and commit the manifest (atomically); with ``overwrite=True`` swap
         the new capture in for the old one. Returns the capture path."""
