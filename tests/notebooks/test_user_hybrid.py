@@ -9,50 +9,38 @@ from pathlib import Path
 
 import pytest
 
-from workbench.runner import run_notebooks
 
+from .helpers import gates_by_name, run_one
 from .user_hybrid import BF16_LAYER, PREFILL, write_user_hybrid
 
-ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
-def engine_run(tmp_path_factory):
+def enginerun_one(tmp_path_factory):
     d = tmp_path_factory.mktemp("engine")
     write_user_hybrid(d)
     return d
 
 
-def _run(out, notebook, **params):
-    res = run_notebooks([ROOT / "notebooks" / f"{notebook}.ipynb"], parameters=params, out=out,
-                        html_reports=False, log=lambda *a: None)
-    (r,) = res.notebooks
-    return r
-
-
-def _gates(r):
-    return {g["name"]: g for g in r.gates}
-
-
 def test_gdn_state_finds_the_drifting_layer(engine_run, tmp_path, monkeypatch):
     monkeypatch.chdir(engine_run)
     arms = dict(control="control", candidate="candidate", aa="control-repeat")
-    r = _run(tmp_path / "a", "gdn_state", **arms)
+    r = run_one(tmp_path / "a", "gdn_state", **arms)
     assert r.status == "passed", r.describe()
     drift, fp64, cont = (f["text"] for f in r.findings)
     assert drift.startswith("captured linear_attn/state, candidate vs control") and f"(layer {BF16_LAYER})" in drift, drift
     assert f"recorded whole at step 0 ({PREFILL} positions" in fp64 and "state_dtype=bf16 state" in fp64, fp64
     assert f"chunked {PREFILL // 2}+{PREFILL // 2} vs {PREFILL}" in cont, cont
-    assert set(_gates(r)) == {"state_keys_compared", "continuation_rel_l2", "handoff_rel_l2"}  # nothing expected
+    assert set(gates_by_name(r)) == {"state_keys_compared", "continuation_rel_l2", "handoff_rel_l2"}  # nothing expected
     # the regression gate on the A/A noise bites; an expectation of a flat state fails
-    strict = _run(tmp_path / "b", "gdn_state", **arms, max_drift_over_aa=10.0, expect="drift=flat")
+    strict = run_one(tmp_path / "b", "gdn_state", **arms, max_drift_over_aa=10.0, expect="drift=flat")
     assert strict.status == "failed" and sorted(strict.error["gates"]) == ["drift_over_aa", "drift_within_aa"]
 
 
 def test_gdn_state_from_decode_steps_only(engine_run, tmp_path, monkeypatch):
     # the state of layer 0 is identical in both arms: the drift is nil there; views 2-4 still run
     monkeypatch.chdir(engine_run)
-    r = _run(tmp_path / "a", "gdn_state", control="control", candidate="control-repeat", aa="", layer=0, tokens=8)
+    r = run_one(tmp_path / "a", "gdn_state", control="control", candidate="control-repeat", aa="", layer=0, tokens=8)
     assert r.status == "passed", r.describe()
     assert "(8 positions, zero initial state)" in r.findings[1]["text"]
 
@@ -60,33 +48,33 @@ def test_gdn_state_from_decode_steps_only(engine_run, tmp_path, monkeypatch):
 def test_replay_discovers_the_state_policy(engine_run, tmp_path, monkeypatch):
     monkeypatch.chdir(engine_run)
     base = dict(capture="candidate", control="control", capture_op="linear_attn", backends=["torch"])
-    r = _run(tmp_path / "a", "replay", **base, layer=BF16_LAYER)
+    r = run_one(tmp_path / "a", "replay", **base, layer=BF16_LAYER)
     assert r.status == "passed", r.describe()
     assert r.findings[0]["data"]["reproduced"] == "state_dtype=bf16", r.findings[0]
     assert r.findings[2]["data"]["blamed"] == "state_dtype"
-    assert set(_gates(r)) == {"reproduced_rel_l2"}
-    right = _run(tmp_path / "b", "replay", **base, layer=BF16_LAYER, expect="reproduced=state_dtype=bf16 blamed=state_dtype")
+    assert set(gates_by_name(r)) == {"reproduced_rel_l2"}
+    right = run_one(tmp_path / "b", "replay", **base, layer=BF16_LAYER, expect="reproduced=state_dtype=bf16 blamed=state_dtype")
     assert right.status == "passed", right.describe()
-    wrong = _run(tmp_path / "c", "replay", **base, layer=0, expect="reproduced=state_dtype=bf16")
+    wrong = run_one(tmp_path / "c", "replay", **base, layer=0, expect="reproduced=state_dtype=bf16")
     assert wrong.status == "failed" and wrong.error["gates"] == ["reproduced_by"]
     assert wrong.findings[0]["data"]["reproduced"] == "base"  # layer 0 kept its fp32 state
 
 
 def test_relocation_on_captured_attention_inputs(engine_run, tmp_path, monkeypatch):
     monkeypatch.chdir(engine_run)
-    r = _run(tmp_path / "a", "relocation", control="control")
+    r = run_one(tmp_path / "a", "relocation", control="control")
     assert r.status == "passed", r.describe()
     text = r.findings[0]["text"]
     assert text.startswith("kernel level (captured sparse_attn q, k, v, indices") and "invariant page orders logical;" in text
-    assert set(_gates(r)) == {"logical_kernel_invariant", "physical_kernel_changes"}  # no model to re-run
+    assert set(gates_by_name(r)) == {"logical_kernel_invariant", "physical_kernel_changes"}  # no model to re-run
 
 
 def test_tour_shows_the_first_divergence(engine_run, tmp_path, monkeypatch):
     monkeypatch.chdir(engine_run)
-    r = _run(tmp_path / "a", "tour", capture="control", other="candidate")
+    r = run_one(tmp_path / "a", "tour", capture="control", other="candidate")
     assert r.status == "passed", r.describe()
     assert f"rank=0 step=0 layer={BF16_LAYER} op=linear_attn name=core (the first divergence)" in r.findings[0]["text"]
-    named = _run(tmp_path / "b", "tour", capture="control", other="candidate", tensor="rank=0 step=3 layer=0 op=linear_attn name=state")
+    named = run_one(tmp_path / "b", "tour", capture="control", other="candidate", tensor="rank=0 step=3 layer=0 op=linear_attn name=state")
     assert "name=state (as given)" in named.findings[0]["text"] and "rel. L2 0.000e+00" in named.findings[0]["text"]
 
 
@@ -95,8 +83,8 @@ def test_paired_stats_reads_outcomes(tmp_path, monkeypatch):
     rows = ["prompt,ctl,cand"] + [f"p{i},{c},{d}" for i, (c, d) in enumerate(
         [("pass", "pass")] * 40 + [("pass", "fail")] * 12 + [("fail", "pass")] * 1 + [("fail", "fail")] * 11)]
     Path("quality.csv").write_text("\n".join(rows) + "\n")
-    r = _run(tmp_path / "a", "paired_stats", outcomes="quality.csv", control_column="ctl", candidate_column="cand")
+    r = run_one(tmp_path / "a", "paired_stats", outcomes="quality.csv", control_column="ctl", candidate_column="cand")
     assert r.findings[0]["text"].startswith("quality (outcomes of 64 prompts from quality.csv): control 52/64, candidate 41/64")
     assert r.status == "failed" and r.error["gates"] == ["no_significant_loss"]  # 12 vs 1 is a real loss
-    bad = _run(tmp_path / "b", "paired_stats", outcomes="quality.csv")  # default column names absent
+    bad = run_one(tmp_path / "b", "paired_stats", outcomes="quality.csv")  # default column names absent
     assert bad.status == "failed" and "has no column 'control'" in str(bad.error)

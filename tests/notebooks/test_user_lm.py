@@ -8,16 +8,13 @@ from __future__ import annotations
 
 import re
 
-from pathlib import Path
-
 import pytest
 
-from workbench.runner import run_notebooks
 
+from .helpers import gates_by_name, run_one
 from .user_lm import HIGH, LOW, TIE_STEP, write_user_lm
 
 pytest.importorskip("transformers")
-ROOT = Path(__file__).resolve().parents[2]
 WEIGHT = "model.safetensors:lm_head.weight"
 
 
@@ -28,20 +25,9 @@ def user_lm(tmp_path_factory):
     return d
 
 
-def _run(d, out, notebook, **params):
-    res = run_notebooks([ROOT / "notebooks" / f"{notebook}.ipynb"], parameters=params, out=out,
-                        html_reports=False, log=lambda *a: None)
-    (r,) = res.notebooks
-    return r
-
-
-def _gates(r):
-    return {g["name"]: g for g in r.gates}
-
-
 def test_logit_rounding_finds_the_tie_with_the_checkpoint_weight(user_lm, tmp_path, monkeypatch):
     monkeypatch.chdir(user_lm)
-    r = _run(user_lm, tmp_path / "a", "logit_rounding", control="hf-control", candidate="hf-candidate", weight=WEIGHT)
+    r = run_one(tmp_path / "a", "logit_rounding", control="hf-control", candidate="hf-candidate", weight=WEIGHT)
     assert r.status == "passed", r.describe()
     first = r.findings[0]
     assert first["data"] == {"step": TIE_STEP, "tied": [LOW, HIGH], "pick": LOW, "fp64": HIGH}, first
@@ -51,8 +37,8 @@ def test_logit_rounding_finds_the_tie_with_the_checkpoint_weight(user_lm, tmp_pa
     # as text
     regret = float(re.search(r"regret ([0-9.eE+-]+) nats", first["text"]).group(1))
     assert regret == pytest.approx(0.03, rel=1e-3), first["text"]
-    assert set(_gates(r)) == {"candidate_regret_max", "candidate_ties_by_index"}  # no expectation: none gated
-    wrong = _run(user_lm, tmp_path / "c", "logit_rounding", control="hf-control", candidate="hf-candidate",
+    assert set(gates_by_name(r)) == {"candidate_regret_max", "candidate_ties_by_index"}  # no expectation: none gated
+    wrong = run_one(tmp_path / "c", "logit_rounding", control="hf-control", candidate="hf-candidate",
                  weight=WEIGHT, expect="step=0 tied=67,692 pick=67 fp64=692")
     assert wrong.status == "failed"
     assert sorted(wrong.error["gates"]) == ["fp64_pick", "tie_rule_pick", "tie_step", "tie_tokens"]
@@ -61,35 +47,35 @@ def test_logit_rounding_finds_the_tie_with_the_checkpoint_weight(user_lm, tmp_pa
 def test_logit_rounding_on_an_sglang_dump_without_the_weight(user_lm, tmp_path, monkeypatch):
     # FP64 truth from the fp32 arm (no weight); the right expectation passes every gate
     monkeypatch.chdir(user_lm)
-    r = _run(user_lm, tmp_path / "a", "logit_rounding", control="sg-control", candidate="sg-candidate",
+    r = run_one(tmp_path / "a", "logit_rounding", control="sg-control", candidate="sg-candidate",
              expect=f"step={TIE_STEP} tied={LOW},{HIGH} pick={LOW} fp64={HIGH} regret=0.03")
     assert r.status == "passed", r.describe()
     assert r.findings[0]["data"]["tied"] == [LOW, HIGH] and r.findings[0]["data"]["fp64"] == HIGH
-    assert {"tie_step", "tie_tokens", "tie_rule_pick", "fp64_pick", "regret_error"} <= set(_gates(r))
+    assert {"tie_step", "tie_tokens", "tie_rule_pick", "fp64_pick", "regret_error"} <= set(gates_by_name(r))
 
 
 def test_sampling_flips_finds_the_step_and_the_flip(user_lm, tmp_path, monkeypatch):
     monkeypatch.chdir(user_lm)
-    r = _run(user_lm, tmp_path / "a", "sampling_flips", control="sg-control", candidate="sg-candidate",
+    r = run_one(tmp_path / "a", "sampling_flips", control="sg-control", candidate="sg-candidate",
              max_flip_probability=1e-4)
     cap = r.findings[1]
     assert cap["data"]["step"] == TIE_STEP and f"flips token {LOW} -> {HIGH}" in cap["text"]
     assert r.status == "failed" and r.error["gates"] == ["max_flip_probability"]  # the regression gate bites
-    assert _gates(r)["captured_width_ge_tv"]["passed"]
+    assert gates_by_name(r)["captured_width_ge_tv"]["passed"]
 
 
 def test_splitk_says_the_bf16_rounding_alone_flips(user_lm, tmp_path, monkeypatch):
     monkeypatch.chdir(user_lm)
-    r = _run(user_lm, tmp_path / "a", "splitk", control="sg-control", candidate="sg-candidate", weight=WEIGHT,
+    r = run_one(tmp_path / "a", "splitk", control="sg-control", candidate="sg-candidate", weight=WEIGHT,
              max_splits=8, orders=["sequential"])
     assert r.status == "passed", r.describe()
     assert f"the unrounded FP64 argmax is {HIGH}" in r.findings[0]["text"]
-    assert set(_gates(r)) == {"fp32_partials_flips"}
+    assert set(gates_by_name(r)) == {"fp32_partials_flips"}
 
 
 def test_first_divergence_on_the_sglang_import(user_lm, tmp_path, monkeypatch):
     monkeypatch.chdir(user_lm)
-    r = _run(user_lm, tmp_path / "a", "first_divergence", control="sg-control", candidate="sg-candidate", aa="")
+    r = run_one(tmp_path / "a", "first_divergence", control="sg-control", candidate="sg-candidate", aa="")
     assert r.status == "passed", r.describe()
     texts = [f["text"] for f in r.findings]
     # the bf16 logits are the only difference: at step 0 they are the first key beyond threshold
