@@ -9,14 +9,12 @@ from pathlib import Path
 
 import pytest
 
-
 from .helpers import gates_by_name, run_one
 from .user_hybrid import BF16_LAYER, PREFILL, write_user_hybrid
 
 
-
 @pytest.fixture(scope="module")
-def enginerun_one(tmp_path_factory):
+def engine_run(tmp_path_factory):
     d = tmp_path_factory.mktemp("engine")
     write_user_hybrid(d)
     return d

@@ -10,7 +10,6 @@ import re
 
 import pytest
 
-
 from .helpers import gates_by_name, run_one
 from .user_lm import HIGH, LOW, TIE_STEP, write_user_lm
 
