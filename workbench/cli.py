@@ -214,7 +214,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="exit 0 (not 3) when no key diverges but the arms do not hold the same keys")
     s.add_argument("--grouping", choices=("auto", "logical", "raw"), default="auto",
                    help="logical: rebuild each tensor from its ranks with its dims spec (TP1 vs TP2...); raw: rank by "
-                        "rank; auto (default): logical when a tensor has a dims spec or the arms' ranks differ")
+                        "rank; auto (default): logical when the arms' layouts differ, rank by rank when they match")
     s.add_argument("--align", choices=("auto", "tokens", "steps"), default="auto",
                    help="tokens: pair the candidate's token rows with the control's by (request, position) "
                         "(chunked vs unchunked prefill, batched vs alone); steps: step with step; auto (default): "

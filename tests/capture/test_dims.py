@@ -83,3 +83,17 @@ def test_partial_sums_in_fp64_and_replicas_checked():
 
 def test_shard_dataclass():
     assert parse_dims("s[cp:zigzag+partial]").dims[0].shards == (Shard("cp", "zigzag", True),)
+
+
+def test_grouped_kv_heads_over_more_ranks():
+    heads = torch.arange(2 * 3 * 4, dtype=torch.float32).reshape(3, 2, 4)  # t, kv heads, d
+    d = parse_dims("t kvh[tp:grouped] d")
+    assert d.grouped_axes() == ("tp",)
+    pieces = {(r,): heads[:, r // 2: r // 2 + 1] for r in range(4)}  # ranks 0,1 head 0; ranks 2,3 head 1
+    y, bad = unshard(pieces, ["tp"], d)
+    assert torch.equal(y, heads) and not bad
+    pieces[(3,)] = pieces[(3,)] + 1
+    y, bad = unshard(pieces, ["tp"], d)
+    assert torch.equal(y, heads) and bad == [{"axis": "tp", "coordinate": 3, "max_abs": 1.0}]
+    y, _ = unshard({(r,): heads[:, r:r + 1] for r in range(2)}, ["tp"], d)  # as many heads as ranks
+    assert torch.equal(y, heads)

@@ -131,3 +131,17 @@ def test_portable_generation_refuses_an_unpinned_process():
     assert not ok and "ATEN_CPU_CAPABILITY" in why  # pytest itself runs with torch's own kernels
     with pytest.raises(WorkbenchError, match="portab"):
         portable.enter_portable()
+
+
+def test_tp1_against_tp4_compares_logical_tensors_and_names_the_rank():
+    same = compare_captures(BUNDLED / "tp1-control", BUNDLED / "tp4-control", step=0)
+    assert same.grouping == "logical" and same.first_divergence() is None and same.same_keys
+    assert not same.layout_notes and same.replicas.empty
+    layouts = dict(zip(same.table["op"] + "/" + same.table["name"], same.table["layout_candidate"]))
+    assert layouts["qsa/k"] == "tp:concat(kvh,grouped)" and layouts["gdn/v"] == "tp:concat(hv)"
+    assert layouts["qsa/indices"] == "tp:replicated"
+    cand = compare_captures(BUNDLED / "tp1-control", BUNDLED / "tp4-candidate", step=0)
+    fd = cand.first_divergence()
+    assert (fd["layer"], fd["op"], fd["name"]) == (3, "qsa", "partial_o")
+    by_rank = cand.by_rank().set_index("rank")["rel_l2"]
+    assert by_rank.idxmax() == 2 and by_rank.drop(2).max() < 1e-5

@@ -14,7 +14,7 @@ import xarray as xr
 
 from workbench.capture.format import DTYPES, KEY_FIELDS
 from workbench.capture.align import BATCH_OP, AlignedView, align_tokens
-from workbench.capture.logical import LogicalCapture, has_layout
+from workbench.capture.logical import LogicalCapture, layout_signature
 from workbench.capture.reader import Capture, open_capture
 from workbench.errors import WorkbenchError
 from workbench.numerics.metrics import FIELDS, compare
@@ -341,8 +341,9 @@ def compare_captures(control, candidate, *, aa=None, rules=None, dtype=None,
     verify: open capture paths with checksum-on-read (each shard's sha256 checked at its first read)
     grouping: "logical" compares logical tensors, each rebuilt from its ranks with its ``dims``
         spec (:class:`~workbench.capture.logical.LogicalCapture`: TP1 against TP2/4/8, CP...);
-        "raw" compares rank with rank; "auto" (default) is logical when a tensor carries a
-        ``dims`` spec or the arms hold different sets of ranks, else raw
+        "raw" compares rank with rank; "auto" (default) is raw when the arms have the same layout
+        (ranks, their coordinates and the tensors' dims specs: rank by rank names the rank) and
+        logical when they do not
     align: "tokens" rebuilds the candidate's (and the A/A repeat's) token rows on the control's
         steps by (request, position) (:mod:`workbench.capture.align`: chunked against unchunked
         prefill, a request alone against the same request in a batch); "steps" pairs step with
@@ -366,10 +367,9 @@ def compare_captures(control, candidate, *, aa=None, rules=None, dtype=None,
     if grouping not in GROUPINGS:
         raise WorkbenchError(f"grouping must be one of {list(GROUPINGS)}, got {grouping!r}", key="grouping",
                              fix="pass grouping='logical' (rebuild tensors from their ranks) or 'raw' (rank by rank)")
-    if grouping == "auto":
+    if grouping == "auto":  # rank by rank where the layouts match (it names the rank); logical where not
         arms = [c for c in (ctl, cand, rep) if c is not None]
-        ranks = {frozenset(c.index["rank"].unique().tolist()) for c in arms}
-        grouping = "logical" if len(ranks) > 1 or any(has_layout(c) for c in arms) else "raw"
+        grouping = "logical" if len({layout_signature(c) for c in arms}) > 1 else "raw"
     if grouping == "logical":
         ctl, cand = LogicalCapture(ctl), LogicalCapture(cand)
         rep = LogicalCapture(rep) if rep is not None else None

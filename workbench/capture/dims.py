@@ -8,14 +8,16 @@ Grammar (one spec per tensor, whitespace separates dims)::
     dim       := NAME [mods] | "(" NAME ("*" NAME)+ ")" [mods] | "1"
     mods      := "[" shard ("," shard)* "]"            shard := AXIS [":" QUAL ("+" QUAL)*]
                | "(" item ("," item)* ")"              item  := AXIS | QUAL   (older form)
-    QUAL      := "natural" | "zigzag" | "partial" | "sharded"
+    QUAL      := "natural" | "zigzag" | "partial" | "sharded" | "grouped"
     decl      := AXIS ":replicated" | "dp:=" NAME
 
 Examples: ``t h[tp]`` (hidden split over tensor-parallel ranks in rank order), ``t h[tp:partial]``
 (each rank holds a partial sum of the whole tensor), ``b s[cp:zigzag] h[tp] d`` (sequence split
 over context-parallel ranks in zigzag order), ``t h # tp:replicated`` (every tp rank holds the
 same copy), ``(heads*d)[tp]`` (a fused dim split as a whole), ``b s(cp,zigzag) h(tp) d`` (older
-form of the same), ``1 h`` (a size-1 dim). ``AXIS`` is one of :data:`AXES`.
+form of the same), ``1 h`` (a size-1 dim), ``t kvh[tp:grouped] d`` (GQA KV heads when there are fewer heads than
+ranks: consecutive ranks hold the same piece, each run of equal pieces is one piece of the
+split). ``AXIS`` is one of :data:`AXES`.
 
 A dim with several shards (``s[cp:zigzag,sp]``) is split by the first axis, then each piece by the
 next. ``zigzag`` over N ranks cuts the dim into 2N chunks; rank r holds chunks r and 2N-1-r.
@@ -41,7 +43,7 @@ __all__ = ["AXES", "Shard", "Dim", "Dims", "DimsError", "unshard", "shard_of", "
 
 AXES = ("tp", "cp", "ep", "sp", "dp", "pp", "etp", "edp", "attn_tp", "attn_dp", "attn_cp", "moe_ep", "moe_tp",
         "moe_dp")
-QUALIFIERS = ("natural", "zigzag", "partial", "sharded")
+QUALIFIERS = ("natural", "zigzag", "partial", "sharded", "grouped")
 
 _NAME = re.compile(r"[A-Za-z_]\w*")
 _DIM = re.compile(r"(?P<name>[A-Za-z_]\w*|1)(?:\[(?P<br>[^\]]*)\]|\((?P<pa>[^)]*)\))?")
@@ -57,6 +59,7 @@ class Shard:
     axis: str
     order: str = "natural"
     partial: bool = False
+    grouped: bool = False  # runs of consecutive ranks hold the same piece (GQA KV heads over more ranks)
 
 
 @dataclass(frozen=True)
@@ -88,6 +91,9 @@ class Dims:
     def split_order(self, dim: int) -> tuple[str, ...]:
         """The axes splitting ``dim``, outermost first."""
         return tuple(s.axis for s in self.dims[dim].shards if not s.partial)
+
+    def grouped_axes(self) -> tuple[str, ...]:
+        return tuple(s.axis for d in self.dims for s in d.shards if s.grouped and not s.partial)
 
     def partial_axes(self) -> tuple[str, ...]:
         return tuple(s.axis for d in self.dims for s in d.shards if s.partial)
@@ -127,6 +133,8 @@ def _shard_items(text: str, token: str, bracket: bool) -> tuple[Shard, ...]:
                 s = shards[-1]
                 if item == "partial":
                     s["partial"] = True
+                elif item == "grouped":
+                    s["grouped"] = True
                 elif item != "sharded":
                     if "order" in s:
                         raise DimsError(f"two orders for axis {s['axis']!r} in dims token {token!r}", key=token, fix=_FIX)
@@ -204,6 +212,34 @@ def _zigzag(pieces: list, dim: int):
     return torch.cat(chunks, dim)
 
 
+def group_size(pieces: Sequence) -> int:
+    """The length of the runs of equal consecutive pieces along a grouped axis (the first run's
+    length when it divides the count, else 1)."""
+    import torch
+
+    g = 1
+    while g < len(pieces) and pieces[g].shape == pieces[0].shape and torch.equal(pieces[g], pieces[0]):
+        g += 1
+    return g if len(pieces) % g == 0 else 1
+
+
+def _dedupe_runs(ts: list, cs: list, axis: str, bad: list) -> list:
+    """One piece per run of ``group_size`` ranks; a rank whose copy differs from its run's first is
+    listed in ``bad``."""
+    import torch
+
+    g = group_size(ts)
+    out = []
+    for i in range(0, len(ts), g):
+        ref = ts[i]
+        for c, t in zip(cs[i + 1:i + g], ts[i + 1:i + g]):
+            if t.shape != ref.shape or not torch.equal(t, ref):
+                diff = float((t.double() - ref.double()).abs().max()) if t.shape == ref.shape else float("inf")
+                bad.append({"axis": axis, "coordinate": int(c), "max_abs": diff})
+        out.append(ref)
+    return out
+
+
 def unshard(pieces: Mapping[tuple, object], coords: Sequence[str], dims: Dims | None) -> tuple[object, list[dict]]:
     """Rebuild the logical tensor from what each rank holds.
 
@@ -225,6 +261,7 @@ def unshard(pieces: Mapping[tuple, object], coords: Sequence[str], dims: Dims | 
     coords = list(coords)
     sharded = dims.sharded_axes() if dims else {}
     partial = set(dims.partial_axes()) if dims else set()
+    grouped = set(dims.grouped_axes()) if dims else set()
     cur = {tuple(k): v for k, v in pieces.items()}
     bad: list[dict] = []
 
@@ -257,6 +294,8 @@ def unshard(pieces: Mapping[tuple, object], coords: Sequence[str], dims: Dims | 
 
     def concat(axis, ts, cs):
         dim, order = sharded[axis]
+        if axis in grouped:
+            ts = _dedupe_runs(ts, cs, axis, bad)
         return _zigzag(ts, dim) if order == "zigzag" else torch.cat(ts, dim)
 
     for axis in [a for a in coords if a not in sharded and a not in partial]:

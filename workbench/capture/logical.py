@@ -31,12 +31,12 @@ from collections import OrderedDict
 import numpy as np
 import pandas as pd
 
-from workbench.capture.dims import AXES, Dims, parse_dims, unshard
+from workbench.capture.dims import AXES, Dims, group_size, parse_dims, unshard
 from workbench.capture.format import KEY_FIELDS
 from workbench.capture.reader import Capture
 from workbench.errors import DimsError, KeyNotFoundError
 
-__all__ = ["LogicalCapture", "has_layout"]
+__all__ = ["LogicalCapture", "has_layout", "layout_signature"]
 
 GROUP = ["step", "layer", "op", "name"]
 
@@ -44,6 +44,17 @@ GROUP = ["step", "layer", "op", "name"]
 def has_layout(cap: Capture) -> bool:
     """Whether any tensor of ``cap`` carries a ``dims`` spec."""
     return bool(cap.index["tags"].map(lambda t: bool((t or {}).get("dims"))).any())
+
+
+def layout_signature(cap: Capture) -> frozenset:
+    """What a capture's parallel layout is made of: its ranks with their coordinates, and each
+    tensor's dims spec. Two captures with equal signatures pair up rank by rank."""
+    idx = cap.index
+    coords = idx["tags"].map(lambda t: tuple(sorted((k, v) for k, v in (t or {}).items()
+                                                    if k.endswith(("_rank", "_size")) and k[:-5] in AXES)))
+    ranks = set(zip(idx["rank"].tolist(), coords.tolist()))
+    specs = set(zip(idx["op"].tolist(), idx["name"].tolist(), idx["tags"].map(lambda t: (t or {}).get("dims")).tolist()))
+    return frozenset(ranks) | frozenset(("spec", *s) for s in specs)
 
 
 def _coords(rows: pd.DataFrame, dims: Dims | None) -> tuple[list[str], list[tuple]] | str:
@@ -65,7 +76,7 @@ def _coords(rows: pd.DataFrame, dims: Dims | None) -> tuple[list[str], list[tupl
         return [], [()]
     if any(any(f"{a}_rank" in (t or {}) for a in AXES) for t in tags):
         return "the ranks' coordinates name no axis of the spec"
-    one = sorted(spec_axes - set(dims.replicated)) if dims is not None else []
+    one = sorted(spec_axes)
     if len(one) == 1:  # one axis in the spec and no coordinates: the ranks, in order, along it
         return one, [(i,) for i in range(len(rows))]
     return ["rank"], [(i,) for i in range(len(rows))]
@@ -152,11 +163,18 @@ class LogicalCapture:
         sharded = dims.sharded_axes() if dims else {}
         partial = set(dims.partial_axes()) if dims else set()
         parts = []
+        grouped = set(dims.grouped_axes()) if dims else set()
         for a in axes:
             if a in sharded:
                 d, order = sharded[a]
-                shape[d] *= sizes[a]
-                parts.append(f"{a}:concat({dims.dims[d].name}{',zigzag' if order == 'zigzag' else ''})")
+                n = sizes[a]
+                if a in grouped:  # runs of ranks hold the same piece: read them to find the run length
+                    i = axes.index(a)
+                    line = [r for r, c in zip(rows.itertuples(), coords) if all(c[j] == 0 for j in range(len(axes)) if j != i)]
+                    n //= group_size([self.cap._tensor(self.cap.index.loc[r.Index]) for r in line])
+                shape[d] *= n
+                parts.append(f"{a}:concat({dims.dims[d].name}{',zigzag' if order == 'zigzag' else ''}"
+                             f"{',grouped' if a in grouped else ''})")
             elif a in partial:
                 parts.append(f"{a}:sum")
             else:

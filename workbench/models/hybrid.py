@@ -294,7 +294,8 @@ class _Tape:
         return self.writer is not None and (d is None or self.step in d)
 
     def add(self, t: torch.Tensor, *, rank: int, layer: int, op: str, name: str, tokens: bool = False) -> None:
-        """``tokens``: t's first dim is the token dim (sliced at prefill)."""
+        """``tokens``: t's first dim is the token dim (sliced at prefill). Per-rank tensors carry
+        their layout over the simulated TP ranks (:data:`LAYOUTS`)."""
         if self.writer is None or not (self.detail or f"{op}/{name}" in self.spec.every_step):
             return
         tags = {}
@@ -303,7 +304,21 @@ class _Tape:
             T = t.shape[0]
             t = t[T - n:]
             tags["positions"] = f"{T - n}:{T}"
-        self.writer.add(t, rank=rank, step=self.step, layer=layer, op=op, name=name, **tags)
+        self.writer.add(t, rank=rank, step=self.step, layer=layer, op=op, name=name,
+                        dims=LAYOUTS.get(f"{op}/{name}"), **tags)
+
+
+# how each per-rank tensor splits over the simulated TP ranks (workbench.capture.dims): heads are
+# split in rank order; GDN q/k and QSA KV heads repeat over consecutive ranks when there are fewer
+# heads than ranks (grouped); the indexer is computed whole on every rank
+LAYOUTS = {
+    "gdn/q": "t h[tp:grouped] d", "gdn/k": "t h[tp:grouped] d", "gdn/v": "t hv[tp] d", "gdn/g": "t hv[tp]",
+    "gdn/beta": "t hv[tp]", "gdn/core": "t hv[tp] d", "gdn/state": "hv[tp] k v",
+    "qsa/q": "t h[tp] d", "qsa/gate": "t h[tp] d", "qsa/k": "t kvh[tp:grouped] d", "qsa/v": "t kvh[tp:grouped] d",
+    "qsa/index_scores": "t n # tp:replicated", "qsa/indices": "t n # tp:replicated",
+    "qsa/partial_o": "t h[tp] s d", "qsa/partial_lse": "t h[tp] s", "qsa/o": "t h[tp] d", "qsa/lse": "t h[tp]",
+    "qsa/gated": "t h[tp] d",
+}
 
 
 class HybridDecoder:

@@ -191,7 +191,16 @@ CAPTURES: dict[str, SampleCapture] = {c.name: c for c in [
                   expect={"first_divergence": {"rank": 0, "step": 0, "layer": -1, "op": "lm_head", "name": "logits"},
                           "why": "bf16 partial sums of 9 slices move logit 305 across the bf16 rounding "
                                  "boundary; the sampler picks 305 instead of 811 at step 0 (run['splitk'])"}),
-    SampleCapture("tp4-control", _T4, "the control on 4 simulated TP ranks", spec=LIGHT_SPEC),
+    SampleCapture("tp1-control", ArmConfig(name="tp1-control", tp=1),
+                  "the tp4 pair's model on one rank: the layout reference (per-rank tensors carry dims specs in "
+                  "the TP4 captures, so they compare as logical tensors)", spec=LIGHT_SPEC),
+    SampleCapture("tp4-control", _T4, "the control on 4 simulated TP ranks", spec=LIGHT_SPEC,
+                  control="tp1-control",
+                  expect={"first_divergence": None,
+                          "why": "the same math on 4 ranks: every logical tensor (heads concatenated, the KV "
+                                 "and GDN q/k heads grouped, the all-reduce's fp32 reassociation) agrees with TP1 "
+                                 "to fp32 noise; compared rank by rank the ranks' head tensors do not even match "
+                                 "in shape"}),
     SampleCapture("tp4-candidate", _T4.replace(name="tp4-candidate",
                                                overrides=(Override("qsa", {"input_dtype": "bf16"}, ranks=(2,)),)),
                   "4 TP ranks; rank 2 alone runs a QSA kernel build that reads q, K and V in bf16",
