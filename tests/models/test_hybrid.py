@@ -107,3 +107,37 @@ def test_records_into_a_capture_with_the_spec(model, tmp_path):
     names = list(l3["op"] + "/" + l3["name"])
     assert names[0] == "qsa/input" and names.index("qsa/index_scores") < names.index("qsa/partial_o") < \
         names.index("qsa/output")
+
+
+def test_chunked_prefill_against_unchunked_at_model_level(tmp_path):
+    """The seed case: a 128-token prompt prefilled in one call against 64 + 64, every GDN layer's
+    recurrent and conv state after the prompt, the last-token logits and token, and the first
+    decode step's, compared by (request, position)."""
+    from workbench.analysis import compare_captures
+    from workbench.capture import CaptureWriter
+    from workbench.models.hybrid import ArmConfig, HybridConfig, HybridDecoder, RecordSpec
+    from workbench.numerics.policy import Policy
+
+    model = HybridDecoder(HybridConfig(n_layers=4))
+    spec = RecordSpec(detail_steps=None, prefill_positions=None, batch_rows=True, conv_state=True)
+
+    def run(name, **arm):
+        with CaptureWriter(tmp_path / name, arm=name) as w:
+            toks = model.generate(model.prompt(128), steps=1, arm=ArmConfig(name=name, **arm), writer=w, spec=spec)
+        return tmp_path / name, toks
+
+    (one, t1), (chunked, t2) = run("one-call"), run("chunked", prefill_chunk=64)
+    assert t1 == t2 and len(t2) == 2  # the token after the prompt and after one decode step
+    res = compare_captures(one, chunked)
+    assert res.align == "tokens" and res.first_divergence() is None, res.describe_first()
+    t = res.table.set_index(["step", "layer", "op", "name", "rank"])
+    for layer in (0, 1, 2):
+        for name in ("state", "conv_state_q", "conv_state_k", "conv_state_v"):
+            assert t.loc[(0, layer, "gdn", name, 0), "status"] == "ok"  # after token 127, from chunk 2 of the candidate
+    for step in (0, 1):
+        assert t.loc[(step, -1, "lm_head", "logits", 0), "status"] == "ok"
+        assert t.loc[(step, -1, "sampler", "token", 0), "n_diff"] == 0
+    # a state rounded to bf16 at the chunk boundary: found in the first GDN layer's state after the prompt
+    bad, _ = run("bf16-handoff", prefill_chunk=64, gdn=Policy(state_dtype="bf16"))
+    fd = compare_captures(one, bad).first_divergence()
+    assert (fd["step"], fd["layer"], fd["op"]) == (0, 0, "gdn"), fd

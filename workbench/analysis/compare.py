@@ -382,11 +382,17 @@ def compare_captures(control, candidate, *, aa=None, rules=None, dtype=None,
     align_notes: list[str] = []
     if align == "tokens":
         pair = align_tokens(ctl, cand)
-        cand, align_notes = pair.candidate, [f"{cand.arm}: {n}" for n in pair.notes]
+        cand, align_notes, skip = pair.candidate, [f"{cand.arm}: {n}" for n in pair.notes], set(pair.skipped)
         if rep is not None:
             pa = align_tokens(ctl, rep)
             rep, align_notes = pa.candidate, align_notes + [f"{rep.arm}: {n}" for n in pa.notes]
         ctl = ctl.select(op=lambda o: o != BATCH_OP)
+        if skip:  # keys whose rows cannot be paired are left out (said in align_notes), not failed
+            keep = [tuple(k) not in skip for k in ctl.index[list(KEY_FIELDS)].itertuples(index=False, name=None)]
+            ctl = _subset(ctl, np.asarray(keep, dtype=bool))
+            ci = cand.index
+            cand = AlignedView(cand.base, ci[[tuple(k) not in skip for k in ci[list(KEY_FIELDS)].itertuples(
+                index=False, name=None)]].reset_index(drop=True), cand._plans)
     if filters:
         ctl, cand = ctl.select(**filters), cand.select(**filters)
         rep = rep.select(**filters) if rep is not None else None
@@ -475,6 +481,14 @@ def compare_captures(control, candidate, *, aa=None, rules=None, dtype=None,
                                     columns=["arm", "step", "layer", "op", "name", "rank", "axis", "coordinate", "max_abs"])
         res.layout_notes = [f"{c.arm}: {n}" for c in (ctl, cand, rep) if c is not None for n in c.notes]
     return res
+
+
+def _subset(c, mask: np.ndarray):
+    """The capture or view ``c`` restricted to the index rows of ``mask``."""
+    if isinstance(c, Capture):
+        return Capture(c.path, verify=c.verify_on_read, _manifest=c._manifest,
+                       _index=c.index[mask].reset_index(drop=True), _shared=c._shared)
+    return LogicalCapture(c.cap, _index=c.index[mask].reset_index(drop=True), _shared=c._shared)
 
 
 def _stored_dtype(index: pd.DataFrame) -> pd.DataFrame:

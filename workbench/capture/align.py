@@ -16,6 +16,9 @@ The control's steps define the comparison. For each control tensor of a step:
   against 64 + 64 chunks, a request alone against the same request inside a batch;
 * a tensor with one row per request of the step (logits of the last position, say) is rebuilt
   from the candidate's per-request rows at the same (request, last position);
+* a tensor with neither (a recurrent state after the step), in a step of one request, is the
+  candidate's tensor of the step that ends at the same position of that request (the state after
+  token 127 whether the prefill ran as 128 or as 64 + 64);
 * any other tensor keeps its key (compared step with step).
 
 Candidate rows no control row asks for are listed in :attr:`AlignedPair.notes`.
@@ -134,6 +137,8 @@ class AlignedView:
         if key in self._cache:
             return self._cache[key]
         dim, parts = plan  # [(base index row, [row indices])] in the control's row order
+        if dim is None:  # a whole tensor of another step (a state after the step)
+            return self._read(parts)
         pieces = [torch.as_tensor(self._read(src)).index_select(dim, torch.tensor(rows)) for src, rows in parts]
         t = torch.cat(pieces, dim)
         self._cache[key] = t
@@ -144,10 +149,12 @@ class AlignedView:
 
 class AlignedPair:
     """The result of :func:`align_tokens`: ``candidate`` (an :class:`AlignedView`), ``n_aligned``
-    (control keys rebuilt from the candidate's rows), ``notes`` (what could not be aligned)."""
+    (control keys rebuilt from the candidate's rows), ``notes`` (what could not be aligned),
+    ``skipped`` (control keys left out: their rows have other widths in the candidate)."""
 
-    def __init__(self, candidate: AlignedView, n_aligned: int, notes: list[str]) -> None:
+    def __init__(self, candidate: AlignedView, n_aligned: int, notes: list[str], skipped=()) -> None:
         self.candidate, self.n_aligned, self.notes = candidate, n_aligned, notes
+        self.skipped = set(skipped)  # control keys whose rows cannot be paired (left out of the comparison)
 
 
 def align_tokens(control, candidate) -> AlignedPair:
@@ -170,8 +177,10 @@ def align_tokens(control, candidate) -> AlignedPair:
                                     "compare step by step (align='steps')")
     # where each candidate (request, position) lives: per token, and per request at the last
     # position it has in a step
-    tok_at, req_at = {}, {}
+    tok_at, req_at, end_at = {}, {}, {}
     for s, rows in rows_d.items():
+        if len(dict.fromkeys(rq for rq, _ in rows)) == 1:  # a step of one request ends at its last position
+            end_at[(rows[0][0], max(p for _, p in rows))] = s
         last: dict[str, int] = {}
         for i, (rq, p) in enumerate(rows):
             tok_at[(rq, p)] = (s, i)
@@ -184,7 +193,7 @@ def align_tokens(control, candidate) -> AlignedPair:
     by_group = defaultdict(list)  # (rank, layer, op, name) -> steps of the candidate holding it
     for i, r in didx.iterrows():
         by_group[(r["rank"], r["layer"], r["op"], r["name"])].append(int(r["step"]))
-    out_rows, plans, used, notes, n_aligned = [], {}, set(), [], 0
+    out_rows, plans, used, notes, n_aligned, skipped = [], {}, set(), [], 0, []
     for _, r in control.index.iterrows():
         if r["op"] == BATCH_OP:
             continue
@@ -194,9 +203,18 @@ def align_tokens(control, candidate) -> AlignedPair:
         how = _token_dim(r, T, R)
         key = tuple(r[f] for f in KEY_FIELDS)
         if how is None:
-            if key in by_key:
-                out_rows.append(didx.loc[by_key[key]])
-                used.add(by_key[key])
+            src = by_key.get(key)
+            if R == 1:  # state after the step (GDN state, conv window): the candidate's step ending at the same position
+                cs = end_at.get((rows[0][0], max(p for _, p in rows)))
+                src = by_key.get((key[0], cs, *key[2:])) if cs is not None else None
+            if src is not None:
+                new = didx.loc[src].copy()
+                for f in KEY_FIELDS:
+                    new[f] = r[f]
+                out_rows.append(new)
+                if src != by_key.get(key):
+                    plans[key] = (None, didx.loc[src])
+                used.add(src)
             continue
         dim, kind = how
         if kind == "token":
@@ -218,6 +236,11 @@ def align_tokens(control, candidate) -> AlignedPair:
             cur[1].append(wi)
             used.add(src)
         first = didx.loc[parts[0][0]]
+        widths = {tuple(v for j, v in enumerate(didx.loc[p]["shape"]) if j != dim) for p, _ in parts}
+        if len(widths) > 1 or list(widths)[0] != tuple(v for j, v in enumerate(r["shape"]) if j != dim):
+            # rows whose other dims differ by step (scores over the blocks cached so far): no row-wise pairing
+            skipped.append(key)
+            continue
         shape = list(first["shape"])
         shape[dim] = len(wanted)
         new = first.copy()
@@ -228,9 +251,13 @@ def align_tokens(control, candidate) -> AlignedPair:
         out_rows.append(new)
         plans[key] = (dim, [(didx.loc[p], ix) for p, ix in parts])
         n_aligned += 1
+    if skipped:
+        names = sorted({f"{k[3]}/{k[4]}" for k in skipped})
+        notes.append(f"{len(skipped)} control tensor(s) not compared: their rows have other widths in the candidate's "
+                     f"steps (a dim that grows with the cache): {names[:6]}")
     left = [i for i in didx.index if i not in used and didx.loc[i, "op"] != BATCH_OP]
     if left:
         ex = didx.loc[left[:3], list(KEY_FIELDS)].to_dict("records")
         notes.append(f"{len(left)} candidate tensor(s) hold no row the control asks for (e.g. {ex})")
     index = pd.DataFrame(out_rows).reset_index(drop=True) if out_rows else didx.iloc[0:0]
-    return AlignedPair(AlignedView(candidate, index, plans), n_aligned, notes)
+    return AlignedPair(AlignedView(candidate, index, plans), n_aligned, notes, skipped)

@@ -142,6 +142,9 @@ class ArmConfig:
     page_seed: None keeps KV pages in allocation order; an int permutes the physical pages
         (the block table changes, the logical content does not)
     overrides: :class:`Override` entries (policy knobs per layer and/or rank)
+    prefill_chunk: None prefills the prompt in one call (step 0); an int prefills it in chunks of
+        that many tokens, one step each (64 + 64 for a 128-token prompt: steps 0 and 1), carrying
+        the GDN and conv states and the KV cache over, as an engine's chunked prefill does
     """
 
     name: str = "control"
@@ -155,8 +158,12 @@ class ArmConfig:
     draw_seed: int = 0
     page_seed: int | None = None
     overrides: tuple[Override, ...] = ()
+    prefill_chunk: int | None = None
 
     def __post_init__(self) -> None:
+        if self.prefill_chunk is not None and (not isinstance(self.prefill_chunk, int) or self.prefill_chunk < 1):
+            raise WorkbenchError(f"ArmConfig.prefill_chunk must be a positive int or None, got {self.prefill_chunk!r}",
+                                 key="prefill_chunk", fix="pass prefill_chunk=64, or None for one prefill call")
         if self.sampler not in ("greedy", "draw"):
             raise WorkbenchError(f"ArmConfig.sampler must be one of ['greedy', 'draw'], got {self.sampler!r}",
                                  key="sampler", fix="pass sampler='greedy' or sampler='draw'")
@@ -191,7 +198,8 @@ class ArmConfig:
         return {"name": self.name, "backends": {f: self.backend(f) for f in FAMILIES},
                 **{f: getattr(self, f).to_dict() for f in FAMILIES},
                 "tp": self.tp, "sampler": self.sampler, "draw_seed": self.draw_seed,
-                "page_seed": self.page_seed, "overrides": [o.to_dict() for o in self.overrides]}
+                "page_seed": self.page_seed, "overrides": [o.to_dict() for o in self.overrides],
+                **({"prefill_chunk": self.prefill_chunk} if self.prefill_chunk is not None else {})}
 
 
 @dataclass(frozen=True)
@@ -206,12 +214,16 @@ class RecordSpec:
     prefill_positions: per-token tensors of the prefill (step 0) keep only the last this many
         positions (tag ``positions="a:b"``); None keeps all
     lm_head_weight: record the lm_head weight (fp32, step 0) for split-K replay
+    batch_rows: record which request and position each step's token rows are, so that arms that
+        chunk the prefill differently align by position (:mod:`workbench.capture.align`)
     """
 
     detail_steps: tuple[int, ...] | None = (0, 1, 2, 3, 8, 16, 32, 48, 64)
     every_step: tuple[str, ...] = ("gdn/state", "layer/output", "lm_head/input", "lm_head/logits", "sampler/token")
     prefill_positions: int | None = 8
     lm_head_weight: bool = False
+    batch_rows: bool = False  # record each step's (request, position) rows (CaptureWriter.add_batch)
+    conv_state: bool = False  # record the GDN conv windows (gdn/conv_state_q, _k, _v) after every step
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -314,6 +326,8 @@ class _Tape:
 LAYOUTS = {
     "gdn/q": "t h[tp:grouped] d", "gdn/k": "t h[tp:grouped] d", "gdn/v": "t hv[tp] d", "gdn/g": "t hv[tp]",
     "gdn/beta": "t hv[tp]", "gdn/core": "t hv[tp] d", "gdn/state": "hv[tp] k v",
+    "gdn/conv_state_q": "(h*d)[tp:grouped] w", "gdn/conv_state_k": "(h*d)[tp:grouped] w",
+    "gdn/conv_state_v": "(hv*d)[tp] w",
     "qsa/q": "t h[tp] d", "qsa/gate": "t h[tp] d", "qsa/k": "t kvh[tp:grouped] d", "qsa/v": "t kvh[tp:grouped] d",
     "qsa/index_scores": "t n # tp:replicated", "qsa/indices": "t n # tp:replicated",
     "qsa/partial_o": "t h[tp] s d", "qsa/partial_lse": "t h[tp] s", "qsa/o": "t h[tp] d", "qsa/lse": "t h[tp]",
@@ -393,6 +407,10 @@ class HybridDecoder:
                 tape.add(t, rank=r, layer=i, op="gdn", name=name, tokens=True)
             tape.add(o[0], rank=r, layer=i, op="gdn", name="core", tokens=True)
             tape.add(S[0], rank=r, layer=i, op="gdn", name="state")
+            if tape.spec.conv_state:  # the rolling conv window, q/k/v channels apart (each splits its own way)
+                cs = cache[("conv", i, r)][0]
+                for name, part in (("conv_state_q", cs[:nk]), ("conv_state_k", cs[nk:2 * nk]), ("conv_state_v", cs[2 * nk:])):
+                    tape.add(part, rank=r, layer=i, op="gdn", name=name)
             y = gdn.gated_rmsnorm(o[0], z.reshape(T, len(vh), K), W[p + "gnorm"], c.eps, backend=be, policy=pol,
                                   fallback=_HELPER_FALLBACK)
             parts.append(self._mm(y.reshape(T, -1), W[p + "o"][:, vr], arm, i, r))
@@ -490,7 +508,8 @@ class HybridDecoder:
 
     def generate(self, prompt: torch.Tensor, *, steps: int, arm: ArmConfig, writer=None,
                  spec: RecordSpec | None = None) -> list[int]:
-        """Prefill ``prompt`` (step 0), then ``steps`` decode steps; returns the sampled tokens.
+        """Prefill ``prompt`` (step 0; steps 0..c-1 in chunks with ``arm.prefill_chunk``), then
+        ``steps`` decode steps; returns the sampled tokens.
 
         Parameters
         ----------
@@ -506,12 +525,23 @@ class HybridDecoder:
             writer.add(self.weights["lm_head"], rank=0, step=0, layer=-1, op="lm_head",
                        name="weight")
         out = []
-        tokens = prompt
+        T = int(prompt.shape[0])
+        c = arm.prefill_chunk or T
+        calls = [(a, prompt[a:a + c]) for a in range(0, T, c)]  # the prefill, in one call or in chunks
+        rid = None
+        if writer is not None and tape.spec.batch_rows:
+            from workbench.capture.align import prompt_id
+
+            rid = prompt_id(prompt.tolist())
         with torch.no_grad():
-            for step in range(steps + 1):
+            for step in range(len(calls) + steps):
                 tape.step = step
+                a, tokens = calls[step] if step < len(calls) else (T + step - len(calls), tokens)
+                if rid is not None:
+                    writer.add_batch(step, requests=[rid] * int(tokens.shape[0]), positions=range(a, a + int(tokens.shape[0])))
                 tok = self.forward(tokens, arm, cache, tape)
-                out.append(int(tok))
+                if step >= len(calls) - 1:  # a chunk before the last samples nothing
+                    out.append(int(tok))
                 tokens = tok.reshape(1)
         return out
 
