@@ -231,6 +231,8 @@ def run_notebooks(notebooks: Sequence[str | os.PathLike] | None = None, *,
     in the result (``.ok``, ``.failures``: one NotebookFailure each), never raised.
     """
     root = repo_root()
+    if notebooks and not (root / "captures").is_dir():  # run from elsewhere: the notebooks' own checkout
+        root = repo_root(Path(notebooks[0]).resolve().parent)
     paths = [Path(p).resolve() for p in notebooks] if notebooks else [p.resolve() for p in find_notebooks(root)]
     if not paths:
         raise NotebookError(f"no notebooks to run under {root / 'notebooks'}", file=root / "notebooks",
