@@ -3,6 +3,8 @@ refusals (no kernel is started here; tests/notebooks/ executes the real notebook
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
@@ -151,3 +153,13 @@ def test_cli_refuses_bad_value_and_missing_parameters_cell(tmp_path, capsys):
     assert "NotebookError" in err and "bare.ipynb" in err and "tagged 'parameters'" in err
     assert main(["run", str(tmp_path / "missing.ipynb")]) == 2
     assert "no such notebook" in capsys.readouterr().err
+
+
+def test_run_from_outside_the_checkout_uses_the_notebooks_repository(tmp_path, monkeypatch):
+    from workbench.runner import run_notebooks
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("WORKBENCH_ROOT", raising=False)
+    nb = Path(__file__).resolve().parents[1] / "notebooks" / "tour.ipynb"
+    res = run_notebooks([nb], out=tmp_path / "r", html_reports=False, log=lambda *a: None)
+    assert res.ok, res.notebooks[0].describe()  # captures/control resolved in the notebooks' checkout
