@@ -82,3 +82,54 @@ def test_alignment_needs_batch_rows(tmp_path):
         compare_captures(ctl, cand, align="tokens")
     assert main(["compare", str(ctl), str(cand), "--align", "tokens"]) == 2
     assert main(["compare", str(ctl), str(_gdn_run(tmp_path / "c2", [64, 64])), "--align", "tokens"]) == 0
+
+
+def _sliced_run(path, chunks, keep):
+    """As :func:`_gdn_run`, but each prefill step records only the prompt's last ``keep`` rows of
+    its per-token output (tag positions="a:b": rows a..b of the step; none for an early chunk)."""
+    with CaptureWriter(path, arm=path.name) as w:
+        s, a = None, 0
+        for step, n in enumerate(chunks + [1, 1]):
+            x = [t[:, a:a + n] for t in (Q, K, V, G, BETA)]
+            o, s = (gdn.chunked if n > 1 else gdn.recurrent)(*x, initial_state=s, qk_l2norm=True)
+            w.add_batch(step, requests=[RID] * n, positions=range(a, a + n))
+            lo = max(0, T - keep - a) if step < len(chunks) else 0
+            if lo < n:
+                w.add(o[0, lo:], step=step, layer=0, op="gdn", name="core", dims="t hv v",
+                      **({"positions": f"{lo}:{n}"} if lo else {}))
+            w.add(s[0], step=step, layer=0, op="gdn", name="state", dims="hv k v")
+            a += n
+    return path
+
+
+def test_rows_kept_by_a_positions_tag_align_by_position(tmp_path):
+    """A recorder that keeps the prompt's last 8 rows (tag positions="a:b") in both arms: the
+    unchunked step 0 rows 120:128 are the chunked arm's step 1 rows 56:64; the state after the
+    prompt pairs with the state after the last chunk; the first chunk's state is listed."""
+    one = _sliced_run(tmp_path / "one", [T], keep=8)
+    two = _sliced_run(tmp_path / "two", [64, 64], keep=8)
+    res = compare_captures(one, two)
+    assert res.align == "tokens" and res.first_divergence() is None
+    assert set(res.table["status"]) == {"ok"} and len(res.table) == 6  # core + state at 3 steps
+    core0 = res.table[(res.table["step"] == 0) & (res.table["name"] == "core")].iloc[0]
+    assert list(core0["shape_candidate"]) == [8, 2, 16] and core0["rel_l2"] < 1e-6
+    assert any("hold no row the control asks for" in n for n in res.align_notes)  # chunk 0's state
+    # the candidate kept other rows than the control asks for: the key is the control's only
+    short = _sliced_run(tmp_path / "short", [64, 64], keep=4)
+    res = compare_captures(one, short)
+    assert res.only_control[["step", "name"]].values.tolist() == [[0, "core"]]
+
+
+def test_token_agreement_pairs_by_position(tmp_path):
+    from workbench.analysis.tokens import token_agreement
+
+    one, two = _gdn_run(tmp_path / "one", [T]), _gdn_run(tmp_path / "two", [64, 64])
+    ds = token_agreement(one, two, logits="lm_head/logits")
+    assert ds.attrs["pairing"] == "request and position" and ds.attrs["first_differing_step"] == -1
+    assert ds.sizes["step"] == 3 and bool(ds["agree"].all())
+    steps = token_agreement(one, two, logits="lm_head/logits", align="steps")
+    assert steps.attrs["pairing"] == "step" and steps.attrs["first_differing_step"] == 0  # chunk 0 != prompt
+    plain = _gdn_run(tmp_path / "plain", [T], batch=False)
+    with pytest.raises(AnalysisError, match="no batch rows"):
+        token_agreement(one, plain, logits="lm_head/logits", align="tokens")
+    assert token_agreement(one, plain, logits="lm_head/logits").attrs["pairing"] == "step"

@@ -145,3 +145,20 @@ def test_tp1_against_tp4_compares_logical_tensors_and_names_the_rank():
     assert (fd["layer"], fd["op"], fd["name"]) == (3, "qsa", "partial_o")
     by_rank = cand.by_rank().set_index("rank")["rel_l2"]
     assert by_rank.idxmax() == 2 and by_rank.drop(2).max() < 1e-5
+
+
+def test_chunked_prefill_arm_aligns_with_the_unchunked_control():
+    """tp1-chunked prefills 128 + 128: aligned by (request, position) every control key is found and
+    bit-identical, and the tokens agree; step by step the first chunk is taken for the prompt."""
+    from workbench.analysis.tokens import token_agreement
+
+    ctl, cand = BUNDLED / "tp1-control", BUNDLED / "tp1-chunked"
+    assert _cap("tp1-chunked").run["arm"]["prefill_chunk"] == 128
+    res = compare_captures(ctl, cand)
+    assert res.align == "tokens" and res.first_divergence() is None
+    assert set(res.table["status"]) == {"ok"} and float(res.table["rel_l2"].max()) == 0.0
+    assert {"gdn/conv_state_q", "mlp/w_down"} <= set(open_capture(cand).index["op"] + "/" + open_capture(cand).index["name"])
+    ds = token_agreement(ctl, cand)
+    assert ds.attrs["pairing"] == "request and position" and ds.attrs["n_agree"] == ds.attrs["n_steps"] == 65
+    steps = compare_captures(ctl, cand, align="steps", step=0, layer=0)
+    assert steps.first_divergence() is not None  # chunk 0 against the whole prompt: a false divergence

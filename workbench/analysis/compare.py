@@ -142,6 +142,12 @@ class ComparisonResult:
             if key is None:
                 return pd.DataFrame(columns=["rank", "coordinate", "rel_l2", "max_abs"])
         sel = {f: (int(key[f]) if f in ("step", "layer") else str(key[f])) for f in ("step", "layer", "op", "name")}
+        aligned = getattr(self, "_aligned", None)
+        if aligned is not None and not aligned.same_rows((0, sel["step"], sel["layer"], sel["op"], sel["name"])):
+            out = pd.DataFrame(columns=["rank", "coordinate", "rel_l2", "max_abs"])
+            out.attrs["reason"] = ("the candidate's rows of this key come from other steps (token alignment): "
+                                   "compare its ranks at their own step with align='steps'")
+            return out
         rows = []
         for v in views:
             view = v.select(**sel)
@@ -476,6 +482,8 @@ def compare_captures(control, candidate, *, aa=None, rules=None, dtype=None,
     res.grouping, res.align, res.align_notes = grouping, align, align_notes
     if grouping == "logical" and isinstance(cand, LogicalCapture):
         res._views = (ctl, cand)
+    elif grouping == "logical" and isinstance(cand, AlignedView) and isinstance(cand.base, LogicalCapture):
+        res._views, res._aligned = (ctl, cand.base), cand  # by_rank reads a key whose rows alignment kept
     if grouping == "logical":
         res.replicas = pd.DataFrame([{"arm": c.arm, **r} for c in (ctl, cand, rep) if c is not None for r in c.replicas],
                                     columns=["arm", "step", "layer", "op", "name", "rank", "axis", "coordinate", "max_abs"])

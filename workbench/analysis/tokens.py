@@ -109,7 +109,26 @@ def _step_tokens(cap: Capture, op: str, name: str, from_logits: bool) -> dict[in
     return out
 
 
-def token_agreement(control, candidate, *, tokens: str | None = None, logits: str | None = None) -> xr.Dataset:
+def _by_position(cap: Capture, toks: dict[int, list[int]]) -> dict[tuple, int] | None:
+    """``{(request, last position): token}``: each step's tokens keyed by the request and position
+    they follow (None: the capture has no batch rows at some step)."""
+    from workbench.capture.align import batch_rows
+
+    out = {}
+    for step, ts in toks.items():
+        rows = batch_rows(cap, step)
+        if rows is None:
+            return None
+        last: dict[str, int] = {}
+        for rq, p in rows:
+            last[rq] = max(last.get(rq, -1), p)
+        for rq, t in zip(last, ts):
+            out[(rq, last[rq])] = t
+    return out
+
+
+def token_agreement(control, candidate, *, tokens: str | None = None, logits: str | None = None,
+                    align: str = "auto") -> xr.Dataset:
     """The tokens of both arms per step and whether they agree.
 
     Parameters
@@ -117,6 +136,11 @@ def token_agreement(control, candidate, *, tokens: str | None = None, logits: st
     control, candidate: captures or paths
     tokens: ``"op/name"`` of the sampled-token tensor (default: detected, :func:`find_tokens`)
     logits: ``"op/name"`` of the logits, used when there is no token tensor (default: detected)
+    align: "steps" pairs step with step; "tokens" pairs each control token with the candidate's
+        token that follows the same request and position (arms that chunk or batch differently:
+        a 64 + 64 chunked prefill samples after its second step what an unchunked one samples after
+        its first; needs batch rows, :meth:`CaptureWriter.add_batch`); "auto" (default): "tokens"
+        when both arms record batch rows, else "steps"
 
     Returns
     -------
@@ -138,7 +162,29 @@ def token_agreement(control, candidate, *, tokens: str | None = None, logits: st
             raise AnalysisError(f"{c.path} has no tensor {op}/{name}", key="tokens" if not from_logits else "logits",
                                 file=c.path, fix="name the tensor each arm holds with tokens=/logits='op/name'")
     a, b = _step_tokens(ctl, op, name, from_logits), _step_tokens(cand, op, name, from_logits)
-    steps = sorted(set(a) | set(b))
+    if align not in ("auto", "steps", "tokens"):
+        raise AnalysisError(f"align must be 'auto', 'steps' or 'tokens', got {align!r}", key="align",
+                            fix="pass align='tokens' for arms that chunk or batch differently")
+    pairing = "step"
+    if align != "steps":
+        pa, pb = _by_position(ctl, a), _by_position(cand, b)
+        if pa is None or pb is None:
+            if align == "tokens":
+                arm = ctl if pa is None else cand
+                raise AnalysisError(f"{arm.path} has no batch rows at every step: its tokens cannot be paired by "
+                                    "position", key="align", file=arm.path,
+                                    fix="record them with CaptureWriter.add_batch, or pass align='steps'")
+        else:  # the candidate's token after the same (request, position) as each control step's
+            pairing = "request and position"
+            where = {}
+            from workbench.capture.align import batch_rows
+            for step in a:
+                last: dict[str, int] = {}
+                for rq, p in batch_rows(ctl, step):
+                    last[rq] = max(last.get(rq, -1), p)
+                where[step] = list(last.items())
+            b = {s: [pb[k] for k in where[s]] for s in a if all(k in pb for k in where[s])}
+    steps = sorted(set(a) | set(b)) if pairing == "step" else sorted(a)
     agree = np.array([a.get(s) == b.get(s) and s in a and s in b for s in steps], dtype=bool)
     first = next((s for s, ok in zip(steps, agree) if not ok), -1)
     source = f"argmax of {op}/{name}" if from_logits else f"{op}/{name}"
@@ -148,8 +194,10 @@ def token_agreement(control, candidate, *, tokens: str | None = None, logits: st
     n = int(agree.sum())
     sentence = (f"tokens identical in both arms for {n}/{len(steps)} steps ({source})" if first < 0 else
                 f"tokens differ from step {first} on ({n}/{len(steps)} steps agree; {source})")
+    if pairing != "step":
+        sentence += "; paired by request and position (the control's steps)"
     ds.attrs.update(analysis="token_agreement", source=source, n_steps=len(steps), n_agree=n,
-                    first_differing_step=int(first), sentence=sentence)
+                    first_differing_step=int(first), sentence=sentence, pairing=pairing)
     return ds
 
 

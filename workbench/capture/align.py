@@ -74,6 +74,17 @@ def batch_rows(cap, step: int, rank: int | None = None) -> list[tuple[str, int]]
     return [(str(ids[r]), int(p)) for r, p in zip(req, pos)]
 
 
+def _row_slice(row, T: int) -> tuple[int, int]:
+    """The step's token rows a tensor holds: all ``(0, T)``, or ``(a, b)`` from its tag
+    ``positions="a:b"`` (a recorder that keeps only the last rows of a long prefill)."""
+    tag = (row["tags"] or {}).get("positions")
+    if isinstance(tag, str) and tag.count(":") == 1:
+        a, b = tag.split(":")
+        if a.strip().isdigit() and b.strip().isdigit() and 0 <= int(a) < int(b) <= T:
+            return int(a), int(b)
+    return 0, T
+
+
 def _token_dim(row, T: int, R: int) -> tuple[int, str] | None:
     """(dim, 'token' | 'request') of a tensor whose rows are the step's tokens or requests."""
     shape = list(row["shape"])
@@ -81,6 +92,8 @@ def _token_dim(row, T: int, R: int) -> tuple[int, str] | None:
     if "t" in spec and len(spec) == len(shape):
         d = spec.index("t")
         return (d, "token") if shape[d] == T else (d, "request") if shape[d] == R else None
+    if spec and len(spec) == len(shape):
+        return None  # a spec without a token axis (a weight, a state): its rows are not tokens
     for d in (0, 1):
         if len(shape) > d and all(n == 1 for n in shape[:d]):
             if shape[d] == T:
@@ -122,6 +135,21 @@ class AlignedView:
             vals = v if isinstance(v, (list, tuple, set, range)) else [v]
             m &= self.index[k].isin(list(vals)).to_numpy()
         return AlignedView(self.base, self.index[m].reset_index(drop=True), self._plans)
+
+    def same_rows(self, key: tuple) -> bool:
+        """Whether the candidate's tensor for a control ``key`` is its own tensor of that key, all
+        rows in order (token alignment changed nothing for it)."""
+        plan = self._plans.get(tuple(key))
+        if plan is None:
+            return True
+        dim, parts = plan
+        if dim is None:
+            return int(parts["step"]) == int(key[1])
+        if len(parts) != 1:
+            return False
+        src, rows = parts[0]
+        return (int(src["step"]) == int(key[1]) and rows == list(range(len(rows)))
+                and int(src["shape"][dim]) == len(rows))
 
     def _read(self, row):
         """A base tensor, shaped (a logical view rebuilds it; a capture reads it)."""
@@ -199,8 +227,9 @@ def align_tokens(control, candidate) -> AlignedPair:
             continue
         s = int(r["step"])
         rows = rows_c[s]
-        T, R = len(rows), len(dict.fromkeys(rq for rq, _ in rows))
-        how = _token_dim(r, T, R)
+        R = len(dict.fromkeys(rq for rq, _ in rows))
+        a, b = _row_slice(r, len(rows))
+        how = _token_dim(r, b - a, R)
         key = tuple(r[f] for f in KEY_FIELDS)
         if how is None:
             src = by_key.get(key)
@@ -218,7 +247,7 @@ def align_tokens(control, candidate) -> AlignedPair:
             continue
         dim, kind = how
         if kind == "token":
-            wanted = [tok_at.get(rp) for rp in rows]
+            wanted = [tok_at.get(rp) for rp in rows[a:b]]
         else:
             last: dict[str, int] = {}
             for rq, p in rows:
@@ -227,14 +256,20 @@ def align_tokens(control, candidate) -> AlignedPair:
         group = (r["rank"], r["layer"], r["op"], r["name"])
         if any(w is None for w in wanted) or any((group[0], w[0], *group[1:]) not in by_key for w in wanted):
             continue  # some row is not in the candidate: the key is the control's only
-        parts, cur = [], None
+        parts, cur, held = [], None, True
         for ws, wi in wanted:
             src = by_key[(group[0], ws, *group[1:])]
+            lo, hi = _row_slice(didx.loc[src], len(rows_d[ws])) if kind == "token" else (0, wi + 1)
+            if not lo <= wi < hi:  # the candidate kept only other rows of that step
+                held = False
+                break
             if cur is None or cur[0] != src:
                 cur = (src, [])
                 parts.append(cur)
-            cur[1].append(wi)
-            used.add(src)
+            cur[1].append(wi - lo)
+        if not held:
+            continue
+        used.update(src for src, _ in parts)
         first = didx.loc[parts[0][0]]
         widths = {tuple(v for j, v in enumerate(didx.loc[p]["shape"]) if j != dim) for p, _ in parts}
         if len(widths) > 1 or list(widths)[0] != tuple(v for j, v in enumerate(r["shape"]) if j != dim):

@@ -211,11 +211,17 @@ class RecordSpec:
     detail_steps: steps at which every internal tensor is recorded (None: every step)
     every_step: ``"op/name"`` of the tensors recorded at every step as well (the GDN state for
         drift over decode, each layer's output, the lm_head input and logits, the token)
-    prefill_positions: per-token tensors of the prefill (step 0) keep only the last this many
-        positions (tag ``positions="a:b"``); None keeps all
+    prefill_positions: per-token tensors of the prefill keep only the prompt's last this many
+        positions (tag ``positions="a:b"``: rows a to b of the step; a prefill chunk holding none of
+        them records no per-token tensor); None keeps all
     lm_head_weight: record the lm_head weight (fp32, step 0) for split-K replay
     batch_rows: record which request and position each step's token rows are, so that arms that
         chunk the prefill differently align by position (:mod:`workbench.capture.align`)
+    conv_state: record the GDN conv windows after every step
+    mlp_detail: layers whose MLP is recorded in full at the detail steps: the input (rank 0), each
+        rank's gate and up projections, activation and down-projection partial, and the weights
+        (bf16, as held: the checkpoint's values) with the prefill's last step; what
+        :func:`workbench.analysis.sharding.sharding_replay` reads
     """
 
     detail_steps: tuple[int, ...] | None = (0, 1, 2, 3, 8, 16, 32, 48, 64)
@@ -224,11 +230,15 @@ class RecordSpec:
     lm_head_weight: bool = False
     batch_rows: bool = False  # record each step's (request, position) rows (CaptureWriter.add_batch)
     conv_state: bool = False  # record the GDN conv windows (gdn/conv_state_q, _k, _v) after every step
+    mlp_detail: tuple[int, ...] = ()  # layers whose MLP internals (and weights, at step 0) are recorded
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["detail_steps"] = None if self.detail_steps is None else list(self.detail_steps)
         d["every_step"] = list(self.every_step)
+        d["mlp_detail"] = list(self.mlp_detail)
+        if not d["mlp_detail"]:
+            del d["mlp_detail"]  # the manifests of captures that record none stay as they were
         return d
 
 
@@ -298,7 +308,8 @@ class _Tape:
         self.writer = writer
         self.spec = spec
         self.step = 0
-        self.prefill_len = 0
+        self.draw = 0       # the sampling draw of this step: the step counted from the last prefill chunk
+        self.rows = None    # (first position, prompt length) in a prefill step; None when decoding
 
     @property
     def detail(self) -> bool:
@@ -312,10 +323,16 @@ class _Tape:
             return
         tags = {}
         n = self.spec.prefill_positions
-        if tokens and self.step == 0 and n is not None and t.shape[0] > n:
+        if tokens and self.rows is not None and n is not None:
+            # keep the prompt's last n positions: rows lo..T of this step (a chunk holds some or none)
+            a, total = self.rows
             T = t.shape[0]
-            t = t[T - n:]
-            tags["positions"] = f"{T - n}:{T}"
+            lo = max(0, total - n - a)
+            if lo >= T:
+                return
+            if lo > 0:
+                t = t[lo:]
+                tags["positions"] = f"{lo}:{T}"
         self.writer.add(t, rank=rank, step=self.step, layer=layer, op=op, name=name,
                         dims=LAYOUTS.get(f"{op}/{name}"), **tags)
 
@@ -332,6 +349,8 @@ LAYOUTS = {
     "qsa/index_scores": "t n # tp:replicated", "qsa/indices": "t n # tp:replicated",
     "qsa/partial_o": "t h[tp] s d", "qsa/partial_lse": "t h[tp] s", "qsa/o": "t h[tp] d", "qsa/lse": "t h[tp]",
     "qsa/gated": "t h[tp] d",
+    "mlp/gate": "t f[tp]", "mlp/up": "t f[tp]", "mlp/act": "t f[tp]", "mlp/partial": "t d[tp:partial]",
+    "mlp/w_gate": "f[tp] d", "mlp/w_up": "f[tp] d", "mlp/w_down": "d f[tp]",
 }
 
 
@@ -465,14 +484,27 @@ class HybridDecoder:
             parts.append(self._mm(gated.reshape(T, -1).float(), W[p + "o"][:, _rows(qh, Dh)], arm, i, r))
         return self._all_reduce(parts)
 
-    def _mlp(self, i: int, xn: torch.Tensor, arm: ArmConfig) -> torch.Tensor:
+    def _mlp(self, i: int, xn: torch.Tensor, arm: ArmConfig, tape: "_Tape | None" = None) -> torch.Tensor:
         W, p = self.weights, f"layers.{i}."
+        rec = tape is not None and i in tape.spec.mlp_detail and tape.detail
+        # the weights once, with the prefill's last chunk (step 0 when the prompt is prefilled whole)
+        first = rec and tape.rows is not None and tape.rows[0] + xn.shape[0] == tape.rows[1]
+        if rec:
+            tape.add(xn, rank=0, layer=i, op="mlp", name="input", tokens=True)
         parts = []
         for r in range(arm.tp):
             f = torch.tensor(list(_part(self.config.d_ff, arm.tp, r, "d_ff")))
-            h = torch.nn.functional.silu(self._mm(xn, W[p + "mlp_gate"][f], arm, i, r)) * \
-                self._mm(xn, W[p + "mlp_up"][f], arm, i, r)
+            gate = self._mm(xn, W[p + "mlp_gate"][f], arm, i, r)
+            up = self._mm(xn, W[p + "mlp_up"][f], arm, i, r)
+            h = torch.nn.functional.silu(gate) * up
             parts.append(self._mm(h, W[p + "mlp_down"][:, f], arm, i, r))
+            if rec:
+                for name, t in (("gate", gate), ("up", up), ("act", h), ("partial", parts[-1])):
+                    tape.add(t, rank=r, layer=i, op="mlp", name=name, tokens=True)
+            if first:  # the weights this rank holds (bf16-representable: stored as bf16, exactly)
+                for name, t in (("w_gate", W[p + "mlp_gate"][f]), ("w_up", W[p + "mlp_up"][f]),
+                                ("w_down", W[p + "mlp_down"][:, f])):
+                    tape.add(t.to(torch.bfloat16), rank=r, layer=i, op="mlp", name=name)
         return self._all_reduce(parts)
 
     # -- a step -----------------------------------------------------------------------------------
@@ -488,7 +520,7 @@ class HybridDecoder:
             y = mixer(i, xn, arm, cache, tape)
             tape.add(y, rank=0, layer=i, op=kind, name="output", tokens=True)
             x = x + y
-            m = self._mlp(i, self._rms(x, W[f"layers.{i}.mlp_norm"]), arm)
+            m = self._mlp(i, self._rms(x, W[f"layers.{i}.mlp_norm"]), arm, tape)
             tape.add(m, rank=0, layer=i, op="mlp", name="output", tokens=True)
             x = x + m
             tape.add(x, rank=0, layer=i, op="layer", name="output", tokens=True)
@@ -501,7 +533,7 @@ class HybridDecoder:
         if arm.sampler == "greedy":
             tok = sampling.greedy(logits)
         else:
-            u = torch.rand((), generator=torch.Generator().manual_seed(arm.draw_seed * 100003 + tape.step))
+            u = torch.rand((), generator=torch.Generator().manual_seed(arm.draw_seed * 100003 + tape.draw))
             tok = sampling.stateless_draw(sampling.softmax(logits), float(u))
         tape.add(tok, rank=0, layer=-1, op="sampler", name="token")
         return tok
@@ -536,6 +568,8 @@ class HybridDecoder:
         with torch.no_grad():
             for step in range(len(calls) + steps):
                 tape.step = step
+                tape.draw = step - len(calls) + 1
+                tape.rows = (calls[step][0], T) if step < len(calls) else None
                 a, tokens = calls[step] if step < len(calls) else (T + step - len(calls), tokens)
                 if rid is not None:
                     writer.add_batch(step, requests=[rid] * int(tokens.shape[0]), positions=range(a, a + int(tokens.shape[0])))

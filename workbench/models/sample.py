@@ -37,6 +37,12 @@ REGENERATE = "workbench samples --out captures"
 MAIN_SPEC = RecordSpec()
 LIGHT_SPEC = RecordSpec(detail_steps=(0, 1, 2, 3, 16, 64),
                         every_step=("lm_head/input", "lm_head/logits", "sampler/token"))
+# the layout pair records layers 0 and 3's MLP in full (inputs, per-rank partials, weights) for the
+# sharding replay, and every step's token rows, so that a chunked-prefill arm aligns by position
+LAYOUT_SPEC = dataclasses.replace(LIGHT_SPEC, mlp_detail=(0, 3), batch_rows=True)
+# the chunked arm prefills 128 + 128: its steps are the control's plus one (the first chunk), so
+# it records the same decode steps in full one step later, and the GDN conv windows
+CHUNKED_SPEC = dataclasses.replace(LAYOUT_SPEC, detail_steps=(0, 1, 2, 3, 4, 17, 65), conv_state=True)
 # the lm_head weight lets the notebooks compute FP64 logits from the tensors (hidden @ weight)
 SPLITK_SPEC = dataclasses.replace(LIGHT_SPEC, lm_head_weight=True)
 
@@ -193,8 +199,18 @@ CAPTURES: dict[str, SampleCapture] = {c.name: c for c in [
                                  "boundary; the sampler picks 305 instead of 811 at step 0 (run['splitk'])"}),
     SampleCapture("tp1-control", ArmConfig(name="tp1-control", tp=1),
                   "the tp4 pair's model on one rank: the layout reference (per-rank tensors carry dims specs in "
-                  "the TP4 captures, so they compare as logical tensors)", spec=LIGHT_SPEC),
-    SampleCapture("tp4-control", _T4, "the control on 4 simulated TP ranks", spec=LIGHT_SPEC,
+                  "the TP4 captures, so they compare as logical tensors)", spec=LAYOUT_SPEC),
+    SampleCapture("tp1-chunked", ArmConfig(name="tp1-chunked", tp=1, prefill_chunk=128),
+                  "tp1-control with the 256-token prompt prefilled in two chunks of 128 (steps 0 and 1); its "
+                  "token rows carry request and position, so it compares with tp1-control position by position",
+                  spec=CHUNKED_SPEC, control="tp1-control",
+                  expect={"first_divergence": None,
+                          "why": "a chunked prefill carries the GDN state and conv window, and the QSA KV cache, "
+                                 "across the chunk boundary in fp32, and the GDN kernel's chunks of 64 fall on the "
+                                 "same boundaries: aligned by position, every tensor equals the unchunked "
+                                 "prefill's bit for bit and the tokens are identical; compared step by step, "
+                                 "the first chunk's tensors would be taken for the whole prompt's"}),
+    SampleCapture("tp4-control", _T4, "the control on 4 simulated TP ranks", spec=LAYOUT_SPEC,
                   control="tp1-control",
                   expect={"first_divergence": None,
                           "why": "the same math on 4 ranks: every logical tensor (heads concatenated, the KV "
@@ -204,7 +220,7 @@ CAPTURES: dict[str, SampleCapture] = {c.name: c for c in [
     SampleCapture("tp4-candidate", _T4.replace(name="tp4-candidate",
                                                overrides=(Override("qsa", {"input_dtype": "bf16"}, ranks=(2,)),)),
                   "4 TP ranks; rank 2 alone runs a QSA kernel build that reads q, K and V in bf16",
-                  spec=LIGHT_SPEC, control="tp4-control",
+                  spec=LAYOUT_SPEC, control="tp4-control",
                   expect={"first_divergence": {"rank": 2, "step": 0, "layer": 3, "op": "qsa", "name": "partial_o"},
                           "why": "only rank 2's QSA heads differ (q, k, v are equal: the kernel rounds them on read); ranks 0, 1 and 3 agree until the "
                                  "all-reduce mixes rank 2's output into every rank's residual"}),
