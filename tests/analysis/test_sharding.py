@@ -162,3 +162,14 @@ def test_sglang_dump_all_reduce_and_the_rank_that_rounded(tmp_path):
         assert ("rank 1 holds a partial of bf16 values only" in rep.finding) == bool(bf16_ranks)
     with pytest.raises(AnalysisError, match="differ in shape"):
         reduction_replay([torch.zeros(2, 3), torch.zeros(2, 4)], torch.zeros(2, 3))
+
+
+def test_role_names_parse_and_refuse():
+    from workbench.analysis.sharding import parse_names
+
+    assert parse_names("input=ffn/x, w_down:ffn/w2") == {"input": "ffn/x", "w_down": "ffn/w2"}
+    assert parse_names("") == {}
+    with pytest.raises(AnalysisError, match="is not role=op/name"):
+        parse_names("weights=ffn/w")
+    with pytest.raises(AnalysisError, match="is not 'op/name'"):
+        parse_names("input=x")

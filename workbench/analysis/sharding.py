@@ -41,7 +41,7 @@ from workbench.capture.reader import Capture, open_capture
 from workbench.errors import AnalysisError, KeyNotFoundError
 
 __all__ = ["replay_projection", "projection_hypotheses", "reduction_replay", "sharding_replay", "ShardingReport",
-           "DEFAULT_NAMES", "LAYOUT_WORDS"]
+           "DEFAULT_NAMES", "LAYOUT_WORDS", "parse_names", "replayable_layers", "sharding_summary", "sharding_finding"]
 
 # the roles of a two-projection block (an MLP) and the bundled hybrid decoder's names for them
 # (RecordSpec(mlp_detail=...)); another model's names go in ``names=``
@@ -277,7 +277,8 @@ def sharding_replay(capture, *, layer: int, step: int = 0, tp: int | None = None
     if unknown:
         raise AnalysisError(f"unknown role(s) {unknown}", key="names", fix=f"name roles among {sorted(DEFAULT_NAMES)}")
     keys = {r: _key(s) for r, s in roles.items()}
-    view = LogicalCapture(cap)
+    # only this layer's tensors of the roles' ops are rebuilt (a whole capture's groups cost seconds)
+    view = LogicalCapture(cap.select(layer=layer, op=sorted({op for op, _ in keys.values()})))
     got: dict[str, torch.Tensor | None] = {}
     for role, (op, name) in keys.items():
         got[role] = _logical(view, op, name, layer, step, weight=role.startswith("w_"))
@@ -352,7 +353,7 @@ def _finding(rep: ShardingReport) -> str:
     if not rep.reductions.empty:
         r = rep.reductions.iloc[0]
         if rep.table.empty:
-            out = head.rstrip(": ")
+            out = head.rstrip(": ") + ": projections not replayed (no weights or inputs)"
         odd = [f"rank {d['rank']}" for d in rep.ranks if d["representable_in"] in ("bf16", "fp16")
                and d["dtype"] not in ("bf16", "fp16")]
         out += (f"; all-reduce of the ranks' partials: {r['order']} in {r['partial_dtype']} "
@@ -360,3 +361,82 @@ def _finding(rep: ShardingReport) -> str:
         if odd:
             out += f"; {', '.join(odd)} hold{'s' if len(odd) == 1 else ''} a partial of bf16 values only (rounded before the all-reduce)"
     return out
+
+
+def parse_names(text: str) -> dict[str, str]:
+    """``"input=ffn/x w_down=ffn/w2"`` (or ``role:op/name``) -> ``{"input": "ffn/x", "w_down":
+    "ffn/w2"}`` (roles of :data:`DEFAULT_NAMES`; empty text: no change)."""
+    out = {}
+    for part in str(text or "").replace(",", " ").split():
+        role, sep, spec = part.partition("=") if "=" in part else part.partition(":")
+        if not sep or role not in DEFAULT_NAMES:
+            raise AnalysisError(f"{part!r} is not role=op/name with a role of {sorted(DEFAULT_NAMES)}", key="names",
+                                fix="write e.g. 'input=ffn/input w_down=ffn/w2'")
+        _key(spec)
+        out[role] = spec
+    return out
+
+
+def replayable_layers(capture, names: Mapping[str, str] | None = None) -> list[int]:
+    """Layers whose block can be replayed: they hold the down projection's weight and input, or
+    the per-rank partials (with the roles' names, :data:`DEFAULT_NAMES` unless given)."""
+    cap = capture if isinstance(capture, Capture) else open_capture(capture)
+    roles = {**DEFAULT_NAMES, **dict(names or {})}
+    idx = cap.index
+    have = lambda role: set(idx[(idx["op"] == _key(roles[role])[0]) & (idx["name"] == _key(roles[role])[1])]["layer"])
+    layers = (have("w_down") & have("act")) | (have("w_up") & have("input")) | (have("partial") & have("output"))
+    return sorted(int(x) for x in layers)
+
+
+def sharding_summary(reports: Sequence[ShardingReport]) -> pd.DataFrame:
+    """One row per report: layer, step, tp, layout and how each projection reproduces."""
+    rows = []
+    for r in reports:
+        row = {"layer": r.layer, "step": r.step, "tp": r.tp, "layout": r.layout or "undetermined"}
+        for p in ("gate", "up", "down"):
+            if (r.table["projection"] == p).any():
+                row[p] = r.split_of(p) or "not reproduced"
+        if not r.reductions.empty:
+            row["all-reduce"] = (f"{r.reductions.iloc[0]['order']} {r.reductions.iloc[0]['partial_dtype']}"
+                                 + ("" if r.reductions.iloc[0]["bitwise"] else " (closest)"))
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def _ranges(xs: list[int]) -> str:
+    xs, out, i = sorted(xs), [], 0
+    while i < len(xs):
+        j = i
+        while j + 1 < len(xs) and xs[j + 1] == xs[j] + 1:
+            j += 1
+        out.append(str(xs[i]) if i == j else f"{xs[i]}-{xs[j]}")
+        i = j + 1
+    return ", ".join(out)
+
+
+def sharding_finding(arm: str, reports: Sequence[ShardingReport]) -> tuple[str, dict]:
+    """One sentence for an arm's replays over several layers: the layout of each group of layers,
+    the first layer's detail, and every layer where a rank's partial holds only bf16 values or the
+    all-reduce is not reproduced."""
+    if not reports:
+        return f"{arm}: nothing replayed", {"arm": arm, "layouts": {}}
+    groups: dict[str, list[int]] = {}
+    for r in reports:
+        groups.setdefault(r.layout or ("undetermined" if not r.table.empty else "all-reduce replayed only"),
+                          []).append(r.layer)
+    head = "; ".join(f"{lay} at layer{'s' if len(ls) > 1 else ''} {_ranges(ls)}" for lay, ls in groups.items())
+    first = reports[0]
+    text = (f"{arm} (step {first.step}, tp={first.tp}): {head}. Layer {first.layer}: "
+            + first.finding.split(": ", 1)[-1])
+    odd = []
+    for r in reports:
+        ranks = [d["rank"] for d in r.ranks if d["representable_in"] in ("bf16", "fp16") and d["dtype"] not in ("bf16", "fp16")]
+        if ranks:
+            odd.append(f"layer {r.layer}: rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))} "
+                       f"hold{'s' if len(ranks) == 1 else ''} a partial of bf16 values only")
+        if not r.reductions.empty and not bool(r.reductions.iloc[0]["bitwise"]):
+            odd.append(f"layer {r.layer}: no all-reduce order reproduces the output from the ranks' partials")
+    if odd and len(reports) > 1:
+        text += ". " + "; ".join(odd)
+    return text, {"arm": arm, "layouts": {k: v for k, v in groups.items()},
+                  "bf16_partials": [o for o in odd if "bf16" in o]}

@@ -36,7 +36,7 @@ from workbench.capture.format import KEY_FIELDS
 from workbench.capture.reader import Capture
 from workbench.errors import DimsError, KeyNotFoundError
 
-__all__ = ["LogicalCapture", "has_layout", "layout_signature"]
+__all__ = ["LogicalCapture", "has_layout", "layout_signature", "describe_layout"]
 
 GROUP = ["step", "layer", "op", "name"]
 
@@ -244,3 +244,33 @@ class LogicalCapture:
                                    key=key, fix="add step=, layer=, op= or name=")
         return self.tensor(view.index.iloc[0])
 
+
+
+def describe_layout(cap: Capture) -> dict:
+    """How a run is laid out, from its tensors and metadata: ranks, the parallel sizes recorded
+    (``run["parallel"]``, the arm's ``tp``, or per-tensor ``<axis>_size`` tags), how many tensors
+    carry a ``dims`` spec, and, where batch rows are recorded, how many steps the prompt took."""
+    from workbench.capture.align import BATCH_OP, batch_rows
+
+    idx = cap.index
+    sizes = dict((cap.run or {}).get("parallel") or {})
+    arm = (cap.run or {}).get("arm")
+    if isinstance(arm, dict) and isinstance(arm.get("tp"), int):
+        sizes.setdefault("tp", arm["tp"])
+    for tags in idx["tags"]:
+        for k, v in (tags or {}).items():
+            if k.endswith("_size") and k[:-5] in AXES and isinstance(v, int):
+                sizes.setdefault(k[:-5], v)
+    specs = idx["tags"].map(lambda t: bool((t or {}).get("dims")))
+    out = {"arm": cap.arm, "ranks": int(idx["rank"].nunique()), "parallel": sizes,
+           "tensors_with_dims": int(specs.sum()), "tensors": int(len(idx)),
+           "steps": int(idx["step"].nunique()), "batch_rows": bool((idx["op"] == BATCH_OP).any())}
+    if out["batch_rows"]:
+        prefill = 0
+        for s in sorted(int(x) for x in idx["step"].unique()):
+            rows = batch_rows(cap, s)
+            if rows is None or len(rows) <= len(dict.fromkeys(r for r, _ in rows)):
+                break  # a decode step: one row per request
+            prefill += 1
+        out["prefill_steps"] = prefill
+    return out

@@ -212,11 +212,13 @@ CAPTURES: dict[str, SampleCapture] = {c.name: c for c in [
                                  "the first chunk's tensors would be taken for the whole prompt's"}),
     SampleCapture("tp4-control", _T4, "the control on 4 simulated TP ranks", spec=LAYOUT_SPEC,
                   control="tp1-control",
-                  expect={"first_divergence": None,
+                  expect={"first_divergence": None, "sharding": "down-only",
                           "why": "the same math on 4 ranks: every logical tensor (heads concatenated, the KV "
                                  "and GDN q/k heads grouped, the all-reduce's fp32 reassociation) agrees with TP1 "
                                  "to fp32 noise; compared rank by rank the ranks' head tensors do not even match "
-                                 "in shape"}),
+                                 "in shape. Its MLP replayed on one device is reproduced bitwise by down-only "
+                                 "sharding (the down projection's K split over the 4 ranks, fp32 partials summed "
+                                 "in rank order)"}),
     SampleCapture("tp4-candidate", _T4.replace(name="tp4-candidate",
                                                overrides=(Override("qsa", {"input_dtype": "bf16"}, ranks=(2,)),)),
                   "4 TP ranks; rank 2 alone runs a QSA kernel build that reads q, K and V in bf16",
