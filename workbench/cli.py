@@ -66,6 +66,13 @@ def cmd_verify(args) -> int:
 def cmd_import(args) -> int:
     from workbench.capture.importers import import_capture
 
+    if args.list or not args.kind:
+        return _list_importers()
+    if not args.src or not args.dst:
+        raise WorkbenchError(f"workbench import {args.kind} needs SRC and DST", key="import",
+                             fix=f"run: workbench import {args.kind} DUMP_FOLDER CAPTURE_FOLDER (workbench import --list "
+                                 "shows every kind)")
+
     options = {}
     for item in args.option or []:
         k, sep, v = item.partition("=")
@@ -78,6 +85,23 @@ def cmd_import(args) -> int:
         options["pattern"] = args.pattern
     cap = import_capture(args.kind, args.src, args.dst, arm=args.arm, **options)
     print(f"imported {len(cap)} tensors into {cap.path} (arm {cap.arm})")
+    return 0
+
+
+def _list_importers() -> int:
+    """Every importer kind, whether it can run here, and its options."""
+    import inspect
+
+    from workbench.capture.importers import get_importer, importers
+
+    for info in importers():
+        state = "available" if info.available else f"unavailable: {info.reason}"
+        print(f"{info.name:<12} {info.description} ({info.source}; {state})")
+        if info.available:
+            sig = inspect.signature(type(get_importer(info.name)).run)
+            opts = [p.name for p in sig.parameters.values() if p.kind == p.KEYWORD_ONLY and p.name not in ("arm", "run")]
+            if opts:
+                print(f"{'':<12} options (-o NAME=VALUE): {', '.join(opts)}")
     return 0
 
 
@@ -189,9 +213,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_verify)
 
     s = sub.add_parser("import", help="turn another engine's dump into a capture")
-    s.add_argument("kind", help="importer name (sglang, folder, ...)")
-    s.add_argument("src")
-    s.add_argument("dst")
+    s.add_argument("kind", nargs="?", help="importer name (sglang, flashinfer, folder, ...; --list shows them all)")
+    s.add_argument("src", nargs="?")
+    s.add_argument("dst", nargs="?")
+    s.add_argument("--list", action="store_true", help="list the importer kinds, their availability and options")
     s.add_argument("--arm", default=None)
     s.add_argument("--pattern", default=None, help="folder importer: e.g. 'rank{rank}/step{step}/{op}.{layer}.{name}.pt'")
     s.add_argument("-o", "--option", action="append", help="importer option NAME=VALUE (repeatable)")

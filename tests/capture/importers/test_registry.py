@@ -46,7 +46,7 @@ def registry():
 
 def test_builtins_listed_and_available(registry):
     infos = {i.name: i for i in imp.importers()}
-    assert {"sglang", "folder"} <= set(infos)
+    assert {"sglang", "folder", "flashinfer"} <= set(infos)
     assert infos["sglang"].available and infos["sglang"].description
     assert infos["folder"].source == "builtin"
 

@@ -20,6 +20,7 @@ ENTRY_POINT_GROUP = "workbench.importers"
 _BUILTIN = {
     "sglang": "workbench.capture.importers.sglang:SGLangImporter",
     "folder": "workbench.capture.importers.folder:FolderImporter",
+    "flashinfer": "workbench.capture.importers.flashinfer:FlashInferImporter",
 }
 
 
