@@ -1,4 +1,7 @@
-"""Import a folder written by SGLang's dumper (``sglang.srt.debug_utils.dumper``).
+"""Import a folder written by SGLang's dumper (``sglang.srt.debug_utils.dumper``), or by its
+forward-hook dumper (``--debug-tensor-dump-output-folder``: ``TP{t}_PP{p}_Rank{r}_pid{n}/Pass{k}.pt``,
+a dict of module outputs per forward pass; see :meth:`SGLangImporter._run_hooks` and
+docs/capturing.md).
 
 File names
 ----------
@@ -69,6 +72,14 @@ _INT = re.compile(r"-?\d+")
 _RANK_DIR = re.compile(r"sglang_dump_.*_(\d+)")
 _IO = re.compile(r"^(?:(?P<mod>.*?)\.)?(?P<io>(?:inputs?|outputs?)(?:\..*)?)$")
 _INT_FIELDS = ("step", "forward_pass_id", "rank", "dump_index", "layer_id")
+_HOOK_DIR = re.compile(r"TP(\d+)_PP(\d+)_Rank(\d+)_pid(\d+)")
+_HOOK_FILE = re.compile(r"Pass(\d+)\.pt")
+
+
+def _hook_file(rel: str) -> bool:
+    """A pass file of SGLang's forward-hook dumper (``--debug-tensor-dump-output-folder``)."""
+    p = Path(rel)
+    return bool(_HOOK_FILE.fullmatch(p.name) and _HOOK_DIR.fullmatch(p.parent.name))
 ORDERS = ("auto", "mtime", "path")
 DUPLICATES = ("raise", "suffix")
 # nested parallel info in a dump's meta: its scalars become the tensor's tags (coordinates for
@@ -145,7 +156,7 @@ class SGLangImporter(Importer):
             run: dict | None = None, on_error: str = "raise", order: str = "auto",
             duplicates: str = "raise", rank: int = 0,
             mapper: Callable[[str, dict], tuple[int, str, str]] | None = None,
-            overwrite: bool = False) -> Path:
+            top_module: str = "model", overwrite: bool = False) -> Path:
         """Import ``src`` (an SGLang dump folder) into a new capture at ``dst``.
 
         Parameters
@@ -159,6 +170,8 @@ class SGLangImporter(Importer):
             ``#1``, ``#2``... appended to their name, in causal order
         rank: rank of files whose name and folder do not give one
         mapper: ``mapper(dumped_name, fields) -> (layer, op, name)`` replacing the default rule
+        top_module: forward-hook dumps: the model's top-level module (SGLang's
+            ``TENSOR_DUMP_TOP_LEVEL_MODULE_NAME``, default ``model``)
         overwrite: replace an existing capture at ``dst``
         """
         root = check_src(src)
@@ -173,6 +186,15 @@ class SGLangImporter(Importer):
         if not files and not skips.items:
             raise ImporterError("no .pt files found", file=root,
                                 fix="point SRC at the dumper's output folder (DUMPER_DIR/<exp_name>)")
+        hooks = [(p, rel) for p, rel in files if _hook_file(rel)]
+        if hooks:  # --debug-tensor-dump-output-folder: TP{t}_PP{p}_Rank{r}_pid{n}/Pass{k}.pt
+            others = [rel for p, rel in files if not _hook_file(rel)]
+            if others:
+                raise ImporterError(f"the folder mixes forward-hook pass files and {len(others)} other .pt files "
+                                    f"(e.g. {others[0]})", file=root,
+                                    fix="import the TP*_PP*_Rank*_pid* folders and the dumper's files separately")
+            return self._run_hooks(root, hooks, dst, arm=arm, run=run, skips=skips, top_module=top_module,
+                                   overwrite=overwrite, on_error=on_error)
         entries = []
         for path, rel in files:
             try:
@@ -213,6 +235,75 @@ class SGLangImporter(Importer):
             meta["importer"] = info
             if parallel:
                 meta.setdefault("parallel", parallel)
+            w.run = meta
+        return Path(dst)
+
+    # -- forward-hook dumps ----------------------------------------------------------------------
+    def _run_hooks(self, root: Path, files, dst, *, arm, run, skips: Skips, top_module: str, overwrite: bool,
+                   on_error: str) -> Path:
+        """``--debug-tensor-dump-output-folder``: one ``Pass<k>.pt`` per forward pass and rank, a dict
+        of module outputs. The root module's output and what runs after it (lm_head, logits) are
+        written into the next pass's file: they are put back on their own pass."""
+        top = str(top_module or "model")
+        items, ranks, per_pass_batch = [], {}, {}
+        for path, rel in sorted(files, key=lambda f: natural_key(f[1])):
+            m = _HOOK_DIR.fullmatch(Path(rel).parent.name)
+            k = int(_HOOK_FILE.fullmatch(Path(rel).name).group(1))
+            tp, pp, rank, pid = (int(x) for x in m.groups())
+            ranks[rank] = (tp, pp)
+            try:
+                obj = load_pt(path)
+                if not isinstance(obj, dict):
+                    raise UnsafeFileError(f"a forward-hook pass file holds a {type(obj).__name__}, not a dict of "
+                                          "module outputs", file=path, fix="skip the file with on_error='skip'")
+                entries = []
+                for i, (key, v) in enumerate(obj.items()):
+                    tensors = v if isinstance(v, (list, tuple)) else [v]
+                    for j, t in enumerate(tensors):
+                        check_tensor(t, path, f"entry {key!r}")
+                    entries.append((i, str(key), tensors, isinstance(v, (list, tuple))))
+            except (UnsafeFileError, ImporterError) as err:
+                skips(err)
+                continue
+            for i, key, tensors, many in entries:
+                own = key.startswith(top + ".") and key != top
+                step = k if own or k == 0 else k - 1  # the root's output and later modules: the previous pass
+                if key.startswith(top + ".forward_batch_info."):
+                    layer, op, name = -1, "forward_batch_info", key.rsplit(".", 1)[1]
+                elif key.startswith(top + ".pp_proxy_tensors."):
+                    layer, op, name = -1, "pp_proxy_tensors", key[len(top + ".pp_proxy_tensors."):]
+                else:
+                    lay, op = split_module_path(key)
+                    layer, name = (-1 if lay is None else lay), "output"
+                for j, t in enumerate(tensors):
+                    items.append(dict(order=(step, rank, 0 if own else 1, i, j), step=step, rank=rank, layer=layer,
+                                      op=op, name=f"{name}.{j}" if many else name, tensor=t,
+                                      tags={"tp_rank": tp, "pp_rank": pp, "pid": pid, "pass_file": k,
+                                            "module": key}))
+                if op == "forward_batch_info":
+                    per_pass_batch.setdefault((rank, step), {})[name] = tensors[0]
+        items.sort(key=lambda d: d["order"])
+        meta = dict(run or {})
+        sizes = {"tp_size": len({t for t, _ in ranks.values()}), "pp_size": len({p for _, p in ranks.values()})}
+        info = {"kind": self.name, "layout": "forward hooks", "source": str(root.resolve()), "files": len(files),
+                "options": {"on_error": on_error, "top_module": top}}
+        with CaptureWriter(dst, arm=arm or root.resolve().name, run=meta, overwrite=overwrite) as w:
+            for d in items:
+                w.add(d["tensor"], rank=d["rank"], step=d["step"], layer=d["layer"], op=d["op"], name=d["name"],
+                      **safe_tags({**d["tags"], "tp_size": sizes["tp_size"], "pp_size": sizes["pp_size"]}))
+            # one request per pass (seq_lens of length 1): its rows are positions of one request, so runs
+            # that chunk its prefill differently align by position
+            single = per_pass_batch and all(len(b.get("seq_lens", ())) == 1 and "positions" in b
+                                            for b in per_pass_batch.values())
+            if single:  # the dump names no request: the one request of every pass is "request-0"
+                for (rank, step), b in sorted(per_pass_batch.items()):
+                    pos = b["positions"].reshape(-1).tolist()
+                    w.add_batch(step, requests=["request-0"] * len(pos), positions=pos, rank=rank)
+            info.update(imported=len(items), skipped=skips.summary(), batch_rows=bool(single))
+            meta["importer"] = info
+            meta.setdefault("parallel", sizes)
+            if w.run.get("requests"):
+                meta["requests"] = w.run["requests"]
             w.run = meta
         return Path(dst)
 
