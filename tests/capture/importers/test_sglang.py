@@ -136,7 +136,7 @@ def test_malicious_or_foreign_pt_refused(tmp_path, payload):
     src = tmp_path / "d"
     src.mkdir()
     p = src / format_dump_name(dict(step=0, rank=0, dump_index=1, name="x"))
-    obj = {"object": {"value": Evil(), "meta": {}}, "object_zip": Evil(), "dict_non_tensor": {"value": [1, 2], "meta": {}},
+    obj = {"object": {"value": Evil(), "meta": {}}, "object_zip": Evil(), "dict_non_tensor": {"value": {"a": torch.ones(1)}, "meta": {}},
            "dict_extra_key": {"value": torch.ones(1), "code": "x"}, "list": [torch.ones(1)]}[payload]
     with open(p, "wb") as f:
         if payload == "object":
@@ -147,6 +147,17 @@ def test_malicious_or_foreign_pt_refused(tmp_path, payload):
         import_capture("sglang", src, tmp_path / "cap")
     assert e.value.file == str(p) and e.value.fix
     assert not Path("/tmp/workbench_pwned").exists()
+
+
+def test_plain_values_are_kept_not_refused(tmp_path):
+    """A dumped value that is plain data (SGLang's rids: a list of strings) is run metadata."""
+    src = tmp_path / "d"
+    _dump(src, dict(step=0, rank=0, dump_index=1, name="good"), torch.ones(2))
+    torch.save({"value": ["req-1", 7, None], "meta": {}}, src / format_dump_name(dict(step=0, rank=0, dump_index=2,
+                                                                                      name="rids")))
+    cap = import_capture("sglang", src, tmp_path / "cap")
+    assert len(cap) == 1 and cap.run["importer"]["values"] == 1
+    assert cap.run["values"] == [{"step": 0, "rank": 0, "layer": -1, "name": "rids", "value": ["req-1", 7, None]}]
 
 
 def test_on_error_skip_reports_what_was_skipped(tmp_path):

@@ -72,8 +72,60 @@ _INT = re.compile(r"-?\d+")
 _RANK_DIR = re.compile(r"sglang_dump_.*_(\d+)")
 _IO = re.compile(r"^(?:(?P<mod>.*?)\.)?(?P<io>(?:inputs?|outputs?)(?:\..*)?)$")
 _INT_FIELDS = ("step", "forward_pass_id", "rank", "dump_index", "layer_id")
+# SGLang core fields that say where a request sits in the engine's pools, not what it computes:
+# kept in run["values"], not compared
+BOOKKEEPING = ("req_pool_indices",)
 _HOOK_DIR = re.compile(r"TP(\d+)_PP(\d+)_Rank(\d+)_pid(\d+)")
 _HOOK_FILE = re.compile(r"Pass(\d+)\.pt")
+
+
+class _Value:
+    """A dumped value that is not a tensor (SGLang's ``rids``: a list of strings)."""
+
+    def __init__(self, value) -> None:
+        self.value = value
+
+
+def _plain(v, depth: int = 0) -> bool:
+    """JSON-like data without tensors: scalars, strings, and lists/tuples/dicts of them."""
+    if isinstance(v, (str, int, float, bool)) or v is None:
+        return True
+    if depth < 4 and isinstance(v, (list, tuple)):
+        return all(_plain(x, depth + 1) for x in v)
+    if depth < 4 and isinstance(v, dict):
+        return all(isinstance(k, str) and _plain(x, depth + 1) for k, x in v.items())
+    return False
+
+
+def _jsonable(v, limit: int = 4096):
+    if isinstance(v, float) and (v != v or v in (float("inf"), float("-inf"))):
+        return repr(v)  # manifests are strict JSON
+    if isinstance(v, (list, tuple)):
+        return [_jsonable(x, limit) for x in list(v)[:limit]]
+    if isinstance(v, dict):
+        return {k: _jsonable(x, limit) for k, x in list(v.items())[:limit]}
+    if isinstance(v, str):
+        return v.encode("utf-8", "backslashreplace").decode("utf-8")
+    return v
+
+
+def batch_rows_from_core(rids, positions, seq_lens) -> list[tuple[str, int]] | None:
+    """Each token row's (request id, position) from SGLang's core fields of a forward pass: the
+    rows run request by request in ``rids`` order, request i's last row at position
+    ``seq_lens[i] - 1``. None when they do not add up (the pass cannot be aligned)."""
+    rids = [str(r) for r in rids]
+    if len(rids) != len(seq_lens) or not positions:
+        return None
+    out, i = [], 0
+    for rid, n in zip(rids, seq_lens):
+        start = i
+        while i < len(positions) and positions[i] != n - 1:
+            i += 1
+        if i >= len(positions) or any(positions[j + 1] != positions[j] + 1 for j in range(start, i)):
+            return None
+        out += [(rid, int(p)) for p in positions[start:i + 1]]
+        i += 1
+    return out if i == len(positions) else None
 
 
 def _hook_file(rel: str) -> bool:
@@ -209,6 +261,8 @@ class SGLangImporter(Importer):
                 "options": {"on_error": on_error, "order": order, "duplicates": duplicates}}
         imported = 0
         parallel: dict = {}
+        values: list[dict] = []
+        core: dict = {}  # (rank, step, "positions" | "seq_lens") -> tensor, for the batch rows
         from workbench.progress import progress
 
         with CaptureWriter(dst, arm=arm or root.resolve().name, run=meta, overwrite=overwrite) as w:
@@ -217,6 +271,12 @@ class SGLangImporter(Importer):
                     tensor, extra = self._load(e["path"])
                 except (UnsafeFileError, ImporterError) as err:
                     skips(err)
+                    continue
+                if e["fields"]["name"] in BOOKKEEPING and not isinstance(tensor, _Value):
+                    tensor = _Value(tensor.reshape(-1).tolist())  # allocator slots: they differ with batching
+                if isinstance(tensor, _Value):  # not a tensor: run metadata (rids feed token alignment)
+                    values.append({"step": e["step"], "rank": e["rank"], "layer": e["layer"], "name": e["fields"]["name"],
+                                   "value": _jsonable(tensor.value)})
                     continue
                 tags = safe_tags({**scalar_tags(extra, set(e["tags"]) | set(e["fields"])), **e["tags"]})
                 for key in PARALLEL_INFO_KEYS:  # the rank's coordinates (tp_rank, tp_size, ...) as tags
@@ -231,12 +291,38 @@ class SGLangImporter(Importer):
                     skips(DimsError(err.message, file=e["path"], key=err.key, fix=err.fix))
                     continue
                 imported += 1
-            info.update(imported=imported, skipped=skips.summary())
+                if e["fields"]["name"] in ("positions", "seq_lens"):
+                    core[(e["rank"], e["step"], e["fields"]["name"])] = tensor
+            aligned = self._core_batch_rows(w, values, core)
+            info.update(imported=imported, skipped=skips.summary(), values=len(values), batch_rows=aligned)
             meta["importer"] = info
+            if values:
+                meta["values"] = values[:2000]
+            if w.run.get("requests"):
+                meta["requests"] = w.run["requests"]
             if parallel:
                 meta.setdefault("parallel", parallel)
             w.run = meta
         return Path(dst)
+
+    @staticmethod
+    def _core_batch_rows(w: CaptureWriter, values: list[dict], core: dict) -> list[int]:
+        """Batch rows (request, position) of every step whose ``rids`` were dumped with its
+        ``positions`` and ``seq_lens`` (SGLang's core fields); returns the steps aligned."""
+        done = []
+        for v in values:
+            if v["name"] != "rids" or not isinstance(v["value"], list):
+                continue
+            have = {n: core.get((v["rank"], v["step"], n)) for n in ("positions", "seq_lens")}
+            if any(t is None for t in have.values()):
+                continue
+            rows = batch_rows_from_core(v["value"], have["positions"].reshape(-1).tolist(),
+                                        have["seq_lens"].reshape(-1).tolist())
+            if rows is None:
+                continue
+            w.add_batch(v["step"], requests=[r for r, _ in rows], positions=[p for _, p in rows], rank=v["rank"])
+            done.append(v["step"])
+        return done
 
     # -- forward-hook dumps ----------------------------------------------------------------------
     def _run_hooks(self, root: Path, files, dst, *, arm, run, skips: Skips, top_module: str, overwrite: bool,
@@ -391,5 +477,8 @@ class SGLangImporter(Importer):
             if not isinstance(meta, dict):
                 raise UnsafeFileError(f"'meta' is a {type(meta).__name__}, not a dict", file=path,
                                       fix="skip the file with on_error='skip'")
-            return check_tensor(obj["value"], path, "'value'"), meta
+            value = obj["value"]
+            if _plain(value):  # rids (a list of request-id strings), a scalar: kept as run metadata
+                return _Value(value), meta
+            return check_tensor(value, path, "'value'"), meta
         return check_tensor(obj, path, "the file's content"), {}
