@@ -1,6 +1,8 @@
 """Capture importers: turn other engines' dumps into workbench captures.
 
-Built in: ``sglang`` (SGLang's dumper), ``flashinfer`` (FlashInfer's API logging) and ``folder`` (files named by a pattern). Third parties add importers through the ``workbench.importers``
+Built in: ``sglang`` (SGLang's dumper and forward-hook dump), ``flashinfer`` (FlashInfer's API
+logging), ``vllm-hidden-states`` (vLLM's hidden-states connector) and ``folder`` (files named by a
+pattern). Third parties add importers through the ``workbench.importers``
 entry-point group or :func:`register_importer`. See docs/capturing.md.
 """
 

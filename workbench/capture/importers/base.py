@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import re
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +22,7 @@ _BUILTIN = {
     "sglang": "workbench.capture.importers.sglang:SGLangImporter",
     "folder": "workbench.capture.importers.folder:FolderImporter",
     "flashinfer": "workbench.capture.importers.flashinfer:FlashInferImporter",
+    "vllm-hidden-states": "workbench.capture.importers.vllm_hidden_states:VLLMHiddenStatesImporter",
 }
 
 
@@ -71,6 +73,11 @@ class ImporterInfo:
     source: str  # "builtin", "registered" or "entry point <module:attr>"
 
 
+def _name_ok(name) -> bool:
+    """An importer kind: letters, digits, ``_`` and ``-``, starting with a letter (``vllm-hidden-states``)."""
+    return isinstance(name, str) and bool(re.fullmatch(r"[A-Za-z][A-Za-z0-9_-]{0,63}", name))
+
+
 def _check_importer(obj) -> str | None:
     return None if isinstance(obj, type) and issubclass(obj, Importer) else "not an Importer subclass"
 
@@ -81,7 +88,7 @@ def _importer_available(cls) -> tuple[bool, str]:
 
 
 REGISTRY = Registry("importer", ENTRY_POINT_GROUP, check=_check_importer, verify=_importer_available,
-                    error=ImporterError, warning=ImporterWarning, name_ok=lambda n: isinstance(n, str) and n.isidentifier())
+                    error=ImporterError, warning=ImporterWarning, name_ok=_name_ok)
 for _n, _t in _BUILTIN.items():
     REGISTRY.register(_n, _t, source="builtin")
 
