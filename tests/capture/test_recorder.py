@@ -232,3 +232,53 @@ def test_record_sets_dims_from_module_globs(tmp_path):
     with pytest.raises(DimsError, match="names 3 dim"):
         with record(model, tmp_path / "b", arm="b", dims={"0/output": "b t i[tp]"}):
             model(torch.ones(3, 4))
+
+
+class _Two(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList([nn.Linear(4, 4) for _ in range(2)])
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+def test_tags_module_path_class_and_distributed_rank(tmp_path):
+    """Every tensor names the module that produced it; under torch.distributed the rank and world
+    size come from the process group (a one-process gloo group here)."""
+    import torch.distributed as dist
+
+    m = _Two()
+    with record(m, tmp_path / "a", arm="a") as rec:
+        m(torch.ones(1, 4))
+    row = open_capture(tmp_path / "a").select(layer=1, name="output").index.iloc[0]
+    assert row["tags"]["module"] == "layers.1" and row["tags"]["module_class"] == "Linear"
+    assert "world_size" not in row["tags"] and row["rank"] == 0
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
+    try:
+        with record(m, tmp_path / "b", arm="b"):
+            m(torch.ones(1, 4))
+    finally:
+        dist.destroy_process_group()
+    cap = open_capture(tmp_path / "b")
+    assert set(cap.index["tags"].map(lambda t: (t["world_rank"], t["world_size"]))) == {(0, 1)}
+    assert cap.run["parallel"] == {"world_size": 1}
+    with pytest.raises(CaptureError, match="rank must be an int"):
+        with record(m, tmp_path / "c", arm="c", rank=-1):
+            pass
+
+
+def test_refuses_to_record_inside_cuda_graph_capture(tmp_path, monkeypatch):
+    import workbench.capture.recorder as recorder
+
+    monkeypatch.setattr(recorder, "_capturing_cuda_graph", lambda: True)
+    m = _Two()
+    with pytest.raises(CaptureError, match="inside CUDA graph capture") as e:
+        with record(m, tmp_path / "g", arm="g"):
+            m(torch.ones(1, 4))
+    assert "without CUDA graphs" in e.value.fix
+    assert _no_hooks(m)
+    with pytest.raises(IncompleteCaptureError):  # nothing half-written is taken for a capture
+        open_capture(tmp_path / "g")

@@ -65,6 +65,23 @@ ON_BUDGET = ("raise", "warn")
 Filter = str | list | tuple | Callable[[str, torch.nn.Module], bool] | None
 
 
+def _world() -> dict:
+    """This process's place in torch.distributed (empty when it is not initialised)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return {"world_rank": int(dist.get_rank()), "world_size": int(dist.get_world_size())}
+    return {}
+
+
+def _capturing_cuda_graph() -> bool:
+    """Whether the current CUDA stream is capturing a graph (False without CUDA)."""
+    try:
+        return bool(torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
+    except Exception:
+        return False
+
+
 def split_module_path(path: str) -> tuple[int | None, str]:
     """(layer, op) of a dotted module path; layer is None when the path has no layer index.
 
@@ -133,6 +150,8 @@ class Recorder:
         self.model = model
         self._dims = list((dims or {}).items())  # ("module.path/name" glob, spec), first match wins
         self._paths: dict[tuple[int, str], str] = {}
+        self._classes: dict[tuple[int, str], str] = {}
+        self.world = _world()  # {"world_rank", "world_size"} when torch.distributed is initialised
         self.writer = writer
         self.path = writer.path
         self.rank = rank
@@ -211,6 +230,7 @@ class Recorder:
             if want:
                 self.hooked.append(path)
                 self._paths.setdefault(key, path)
+                self._classes.setdefault(key, type(module).__name__)
             self._handles.append(module.register_forward_pre_hook(
                 self._make_pre(key, is_root), with_kwargs=True, prepend=is_root))
             self._handles.append(module.register_forward_hook(
@@ -318,6 +338,13 @@ class Recorder:
     def _add(self, t: torch.Tensor, key: tuple[int, str], name: str, idx: int) -> None:
         if self.stopped:
             return
+        if _capturing_cuda_graph():
+            raise CaptureError(
+                f"record() was called inside CUDA graph capture (module {self._paths.get(key, key[1])!r}): a "
+                "captured graph replays without running the hooks, so the capture would hold the warm-up "
+                "values only", file=self.path, key=self._paths.get(key, key[1]),
+                fix="record eagerly: run the model without CUDA graphs while recording (SGLang "
+                    "--disable-cuda-graph, vLLM enforce_eager=True, or outside torch.cuda.graph())")
         if t.dtype not in TORCH_TO_NAME or t.device.type == "meta":
             self.skipped["dtype"] += 1
             return
@@ -338,11 +365,12 @@ class Recorder:
         if self._dims:
             where = f"{self._paths.get(key, op)}/{name.split('#')[0]}"
             spec = next((d for pat, d in self._dims if fnmatch.fnmatchcase(where, pat)), None)
+        tags = {"module": self._paths.get(key, op), "module_class": self._classes.get(key, ""), **self.world}
         n = 0
         while True:
             try:
                 self.writer.add(t, rank=self.rank, step=self.step, layer=layer, op=op,
-                                name=name if n == 0 else f"{name}~{n}", dims=spec)
+                                name=name if n == 0 else f"{name}~{n}", dims=spec, **tags)
                 return
             except DuplicateKeyError:  # only a mapper sending two modules to one (layer, op) gets here
                 n += 1
@@ -392,7 +420,7 @@ class Recorder:
 
 @contextlib.contextmanager
 def record(model: torch.nn.Module, path: str | os.PathLike, *, arm: str, include: Filter = None,
-           exclude: Filter = None, max_bytes: int | None = None, rank: int = 0, run: dict | None = None,
+           exclude: Filter = None, max_bytes: int | None = None, rank: int | None = None, run: dict | None = None,
            mapper: Callable[[str, torch.nn.Module], tuple[int, str] | None] | None = None,
            inputs: bool = True, outputs: bool = True, on_budget: str = "raise",
            shard_bytes: int = DEFAULT_SHARD_BYTES, overwrite: bool = False,
@@ -410,7 +438,9 @@ def record(model: torch.nn.Module, path: str | os.PathLike, *, arm: str, include
         path (excluding ``model.layers.3`` does not exclude ``model.layers.3.mlp``); the root's
         path is ``""``
     max_bytes: cap on the tensor bytes recorded (see the module docstring)
-    rank: rank written into every key
+    rank: rank written into every key (default: torch.distributed's rank when it is initialised,
+        else 0); every tensor is tagged with its module path and class (``module``,
+        ``module_class``) and, under torch.distributed, ``world_rank``/``world_size``
     run: extra run metadata; the recorder adds ``run["recorder"]`` (model class, module count,
         torch version, filters, steps, truncation)
     mapper: ``mapper(path, module) -> (layer, op)`` or None for the default mapping
@@ -451,7 +481,15 @@ def record(model: torch.nn.Module, path: str | os.PathLike, *, arm: str, include
     if mapper is not None and not callable(mapper):
         raise CaptureError(f"mapper must be callable, got {type(mapper).__name__}", key="mapper",
                            fix="pass mapper=lambda path, module: (layer, op)")
+    world = _world()
+    if rank is None:
+        rank = world.get("world_rank", 0)
+    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
+        raise CaptureError(f"rank must be an int >= 0 or None, got {rank!r}", key="rank",
+                           fix="pass rank=torch.distributed.get_rank(), or leave it to the recorder")
     writer = CaptureWriter(path, arm=arm, run=run, shard_bytes=shard_bytes, overwrite=overwrite)
+    if world:
+        writer.run = {**writer.run, "parallel": {**(writer.run.get("parallel") or {}), "world_size": world["world_size"]}}
     if overrides:
         writer.run = {**writer.run, "graft": [list(k) for k in overrides]}
     if dims is not None and not (isinstance(dims, Mapping) and all(isinstance(k, str) and isinstance(v, str)
