@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+import os
 from pathlib import Path
 from typing import Any, Callable
 
@@ -306,8 +307,11 @@ def write_samples(out: str | Path = "captures", *, overwrite: bool = False,
         if path.exists() and (not path.is_dir() or any(path.iterdir())) and not overwrite:
             raise CaptureError("capture directory exists", file=path, fix="pass overwrite=True (workbench samples does)")
     if portable and not _portable.is_portable()[0]:
-        _portable.run_portable("workbench.models.sample",
-                               ["--out", str(out), *(["--overwrite"] if overwrite else []), *names])
+        # one single-threaded child per core (the bits do not depend on the split)
+        jobs = max(1, min(len(names), os.cpu_count() or 1, 4))
+        groups = [names[i::jobs] for i in range(jobs)]
+        opts = ["--out", str(out), *(["--overwrite"] if overwrite else [])]
+        _portable.run_portable("workbench.models.sample", [], parallel=[[*opts, *g] for g in groups if g])
         return [out / n for n in names]
     if portable:
         _portable.enter_portable()

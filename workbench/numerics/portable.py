@@ -97,14 +97,19 @@ def arithmetic() -> dict[str, Any]:
             "libc": "-".join(platform.libc_ver()), "machine": platform.machine()}
 
 
-def run_portable(module: str, args: Sequence[str]) -> None:
+def run_portable(module: str, args: Sequence[str], *, parallel: Sequence[Sequence[str]] | None = None) -> None:
     """Run ``python -m module args`` in a child process with :func:`portable_env`; raise
-    WorkbenchError (with the child's last output lines) if it fails."""
+    WorkbenchError (with the child's last output lines) if it fails. ``parallel``: several
+    argument lists, run as that many children at once (each single-threaded, as the portable
+    arithmetic requires), all of which must succeed."""
     from workbench.errors import WorkbenchError
 
-    proc = subprocess.run([sys.executable, "-m", module, *args], env=portable_env(),
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    if proc.returncode != 0:
-        tail = "\n".join(proc.stdout.strip().splitlines()[-15:])
-        raise WorkbenchError(f"`python -m {module}` failed with exit code {proc.returncode}:\n{tail}",
-                             key=module, fix="run the command yourself to see the whole output")
+    runs = [list(a) for a in parallel] if parallel else [list(args)]
+    procs = [subprocess.Popen([sys.executable, "-m", module, *a], env=portable_env(), stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for a in runs]
+    outs = [p.communicate()[0] for p in procs]
+    for p, out in zip(procs, outs):
+        if p.returncode != 0:
+            tail = "\n".join(out.strip().splitlines()[-15:])
+            raise WorkbenchError(f"`python -m {module}` failed with exit code {p.returncode}:\n{tail}",
+                                 key=module, fix="run the command yourself to see the whole output")
