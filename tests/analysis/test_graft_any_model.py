@@ -93,3 +93,43 @@ def test_bad_overrides_are_typed_errors_and_leave_no_finished_capture(llama_pair
         open_capture(tmp_path / "b")
     with pytest.raises(GraftError, match="rank, step, layer, op, name"):
         ModelRerun(control, _run)({("mlp", "input"): torch.zeros(1)})
+
+
+def test_bisect_names_where_the_fault_starts(llama_pair):
+    """The 1% down_proj change: its op still diverges with the control's inputs, and grafting its
+    output heals every later key. A second fault downstream is named as such."""
+    from workbench.analysis import bisect
+
+    control, candidate = llama_pair
+    ctl = ModelRerun(control, _run, arm="control", **OPTS)({})
+    res = bisect(ModelRerun(candidate, _run, arm="candidate", **OPTS), ctl)
+    assert res["origin"] == (0, 0, 2, "mlp.down_proj") and res["heals"] is True and res["next"] is None
+    assert "the fault starts in rank 0, step 0, layer 2, mlp.down_proj" in res["verdict"]
+    assert res["tries"][0]["agrees"] is False and res["tries"][0]["replaced"] == ["input"]
+    two = copy.deepcopy(candidate)
+    with torch.no_grad():
+        two.model.layers[3].mlp.down_proj.weight.mul_(1.02)  # a second fault, later
+    res2 = bisect(ModelRerun(two, _run, arm="two", **OPTS), ctl)
+    assert res2["origin"] == (0, 0, 2, "mlp.down_proj") and res2["heals"] is False
+    assert res2["next"][2] == 3 and "another fault downstream" in res2["verdict"]
+    with pytest.raises(Exception, match="nothing to bisect"):
+        bisect(ModelRerun(control, _run, arm="same", **OPTS), ctl)
+
+
+def test_bisect_follows_an_amplified_difference_to_its_origin(llama_pair):
+    """A tiny change at layer 1's down_proj that the rules only see from layer 3 on: the first
+    divergence's op agrees with the control's inputs, so bisect looks for the first op that changes
+    bits from identical inputs, and finds layer 1's down_proj."""
+    from workbench.analysis import Rule, bisect
+
+    control, _ = llama_pair
+    ctl = ModelRerun(control, _run, arm="control", **OPTS)({})
+    tiny = copy.deepcopy(control)
+    with torch.no_grad():
+        tiny.model.layers[1].mlp.down_proj.weight.mul_(1 + 2e-4)
+    rules = [Rule("layer[0-2]/*", threshold=1.0), Rule("*", threshold=1e-6)]  # blind before layer 3
+    res = bisect(ModelRerun(tiny, _run, arm="tiny", **OPTS), ctl, rules=rules)
+    assert res["first_divergence"][2] == 3
+    assert res["tries"][0]["agrees"] is True  # the layer-3 op computes the same from the control's inputs
+    assert res["origin"] == (0, 0, 1, "mlp.down_proj"), res
+    assert "bit-identical inputs" in res["how"] and res["heals"] is True

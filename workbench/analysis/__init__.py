@@ -17,14 +17,14 @@ __all__ += [
     "aa_comparison", "abba_blocks", "mcnemar_exact", "newcombe_paired_ci", "paired_binary", "paired_binary_table",
     "paired_timing",
 ]
-from workbench.analysis.divergence import graft, key_of
+from workbench.analysis.divergence import bisect, graft, key_of
 from workbench.analysis.relocation import relocation_invariance, relocation_invariance_captures
 from workbench.analysis.replay import OpAdapter, adapters, counterfactuals, register_adapter, replay
 from workbench.analysis.state import chunked_continuation, prefill_decode_handoff, state_drift, state_evolution
 from workbench.analysis import accessors as _accessors  # noqa: F401  registers ds.div
 
 __all__ += [
-    "graft", "key_of",
+    "bisect", "graft", "key_of",
     "relocation_invariance", "relocation_invariance_captures", "OpAdapter", "adapters", "counterfactuals",
     "register_adapter", "replay",
     "chunked_continuation", "prefill_decode_handoff", "state_drift", "state_evolution",

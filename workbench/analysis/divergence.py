@@ -28,7 +28,7 @@ from workbench.capture.format import KEY_FIELDS
 from workbench.capture.reader import Capture, open_capture
 from workbench.errors import AnalysisError
 
-__all__ = ["graft", "key_of", "key_text", "parse_key"]
+__all__ = ["graft", "bisect", "key_of", "key_text", "parse_key"]
 
 
 def key_text(key) -> str:
@@ -159,6 +159,97 @@ def graft(rerun: Callable[[Mapping[tuple, torch.Tensor]], Capture], control, *, 
                     first_before=before.describe_first(), first_after=after.describe_first(),
                     first_after_key=json.dumps(None if fa is None else list(key_of(fa))))
     return ds
+
+
+def _names(ctl: Capture, op_key: tuple, prefix: str) -> list[str]:
+    r, s, l, o = op_key
+    idx = ctl.index
+    m = (idx["rank"] == r) & (idx["step"] == s) & (idx["layer"] == l) & (idx["op"] == o)
+    return [n for n in idx[m]["name"] if n == prefix or n.startswith(prefix + ".")]
+
+
+def bisect(rerun: Callable[[Mapping[tuple, torch.Tensor]], Capture], control, *, candidate=None, aa=None,
+           rules=None, max_ops: int = 16) -> dict:
+    """Where does the fault start? Grafts (:func:`graft`) in causal order, on any model a
+    ``rerun(overrides)`` can re-run (the recorder's :class:`~workbench.capture.recorder.ModelRerun`,
+    the hybrid decoder's ``HybridRerun``).
+
+    1. The op of the first divergence is re-run with the control's inputs. If it still diverges
+       beyond its threshold, it is the origin: the fault is in that op.
+    2. Otherwise the divergence is an amplification of smaller differences that entered through
+       its inputs: among the ops whose tensors differ at all (threshold 0), in causal order (at
+       most ``max_ops``), the first that produces other bits from the control's bit-identical
+       inputs is the origin.
+    3. The origin's outputs are grafted from the control: ``heals`` says whether every later key
+       then agrees (one fault) or names the next divergence (another fault downstream).
+
+    Returns
+    -------
+    dict: ``origin`` ((rank, step, layer, op) or None), ``how``, ``heals``, ``next`` (the first key
+    after the origin that still diverges with its outputs grafted, or None), ``tries`` (each graft:
+    op, replaced names, whether the op then agreed, under which rule), ``verdict`` (a sentence).
+    """
+    from workbench.analysis.compare import Rule
+
+    ctl = control if isinstance(control, Capture) else open_capture(control)
+    base = candidate if candidate is not None else rerun({})
+    base = base if isinstance(base, Capture) else open_capture(base)
+    first = compare_captures(ctl, base, aa=aa, rules=rules).first_divergence()
+    if first is None:
+        raise AnalysisError("the candidate does not diverge from the control: nothing to bisect", key="control",
+                            fix="bisect a candidate that diverges (workbench compare says where)")
+    fd = key_of(first)[:4]
+    tries: list[dict] = []
+
+    def attempt(op_key, exact: bool) -> bool | None:
+        names = _names(ctl, op_key, "input")
+        if not names or not _names(ctl, op_key, "output"):
+            return None  # no recorded inputs (or nothing after them) to judge the op by
+        r, s, l, o = op_key
+        ds = graft(rerun, ctl, at=dict(rank=r, step=s, layer=l, op=o), replace=names, candidate=base,
+                   aa=None if exact else aa, rules=[Rule("*", threshold=0.0)] if exact else rules)
+        agrees = bool(ds.attrs["op_agrees"])
+        tries.append({"op": list(op_key), "replaced": names, "agrees": agrees,
+                      "rule": "bit-identical" if exact else "thresholds"})
+        return agrees
+
+    origin, how = None, ""
+    if attempt(fd, exact=False) is False:
+        origin, how = fd, "still diverges beyond its threshold with the control's inputs"
+    else:
+        exact = compare_captures(ctl, base, rules=[Rule("*", threshold=0.0)])
+        t = exact.table[(exact.table["seq"] >= 0) & exact.table["exceeded"].astype(bool)]
+        ops = list(dict.fromkeys(zip(t["rank"].astype(int), t["step"].astype(int), t["layer"].astype(int),
+                                     t["op"].astype(str))))
+        for op_key in ops[:max_ops]:
+            if attempt(op_key, exact=True) is False:
+                origin, how = op_key, "produces other bits from the control's bit-identical inputs"
+                break
+            if op_key == fd:
+                break
+    heals, nxt = None, None
+    if origin is not None:
+        r, s, l, o = origin
+        outs = _names(ctl, origin, "output")
+        ds = graft(rerun, ctl, at=dict(rank=r, step=s, layer=l, op=o), replace=outs, candidate=base, aa=aa,
+                   rules=rules)
+        later = (ds.seq.to_numpy() > int(ds.attrs["graft_seq"])) & ds.exceeded.sel(variant="grafted").to_numpy()
+        heals = not bool(later.any())
+        if not heals:
+            i = int(np.flatnonzero(later)[0])
+            nxt = tuple(v.item() if hasattr(v, "item") else v for v in (ds[f].values[i] for f in KEY_FIELDS))
+        tries.append({"op": list(origin), "replaced": outs, "agrees": None, "rule": "thresholds", "heals": heals})
+    where = lambda k: f"rank {k[0]}, step {k[1]}, layer {k[2]}, {k[3]}"
+    if origin is None:
+        verdict = (f"no recorded op changes bits from identical inputs up to the first divergence ({where(fd)}): "
+                   "the difference comes from something not recorded (record more modules with include=)")
+    else:
+        verdict = f"the fault starts in {where(origin)}: it {how}"
+        verdict += ("; with its output taken from the control every later key agrees" if heals else
+                    f"; with its output taken from the control, {key_text(dict(zip(KEY_FIELDS, nxt)))} still "
+                    "diverges: another fault downstream")
+    return {"origin": origin, "how": how, "heals": heals, "next": nxt, "first_divergence": fd, "tries": tries,
+            "verdict": verdict}
 
 
 def _graft_dataset(before: ComparisonResult, after: ComparisonResult) -> xr.Dataset:
