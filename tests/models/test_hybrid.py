@@ -141,3 +141,27 @@ def test_chunked_prefill_against_unchunked_at_model_level(tmp_path):
     bad, _ = run("bf16-handoff", prefill_chunk=64, gdn=Policy(state_dtype="bf16"))
     fd = compare_captures(one, bad).first_divergence()
     assert (fd["step"], fd["layer"], fd["op"]) == (0, 0, "gdn"), fd
+
+
+def test_arm_round_trips_and_bundled_captures_rerun():
+    """ArmConfig.from_dict reads back every bundled capture's arm; rerun_from_capture re-runs the
+    base decoder's captures (not the tie/split-K models, whose weights were edited), and bisect
+    on the bundled pair finds the fp16-probability QSA in layer 3, and the same defect in layer 7."""
+    from pathlib import Path
+
+    from workbench.analysis import Rule, bisect
+    from workbench.capture import open_capture
+    from workbench.models.hybrid import ArmConfig, rerun_from_capture
+
+    root = Path(__file__).resolve().parents[2] / "captures"
+    for d in sorted(root.iterdir()):
+        run = open_capture(d).run
+        if str(run.get("model", "")).endswith("HybridDecoder"):
+            assert ArmConfig.from_dict(run["arm"]).to_dict() == run["arm"], d.name
+    assert rerun_from_capture(open_capture(root / "tie-candidate"), steps=0) is None
+    assert rerun_from_capture(open_capture(root / "hf-qwen3next-control"), steps=0) is None
+    ctl, cand, aa = (rerun_from_capture(open_capture(root / n), steps=0)
+                     for n in ("control", "candidate", "control-repeat"))
+    res = bisect(cand, ctl({}), aa=aa({}), rules=[Rule("*")])
+    assert res["origin"] == (0, 0, 3, "qsa") and res["heals"] is False
+    assert res["next"][2] == 7 and res["next"][3] == "qsa"

@@ -180,6 +180,16 @@ class ArmConfig:
             raise WorkbenchError(f"ArmConfig.tp must be a positive int, got {self.tp!r}", key="tp",
                                  fix="pass tp=1, 2 or 4")
 
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "ArmConfig":
+        """The arm :meth:`to_dict` wrote (a capture's ``run["arm"]``)."""
+        pol = {f: Policy.from_dict(d[f]) for f in ("gdn", "qsa", "proj", "lm_head") if isinstance(d.get(f), dict)}
+        ov = tuple(Override(o["family"], dict(o["knobs"]), None if o.get("layers") is None else tuple(o["layers"]),
+                            None if o.get("ranks") is None else tuple(o["ranks"])) for o in d.get("overrides") or ())
+        return cls(name=str(d.get("name", "arm")), backends=dict(d.get("backends") or _default_backends()), **pol,
+                   tp=int(d.get("tp", 2)), sampler=str(d.get("sampler", "greedy")), draw_seed=int(d.get("draw_seed", 0)),
+                   page_seed=d.get("page_seed"), overrides=ov, prefill_chunk=d.get("prefill_chunk"))
+
     def policy(self, family: str, layer: int | None = None, rank: int | None = None) -> Policy:
         """The policy of ``family`` on ``layer`` and ``rank`` (overrides applied in order)."""
         p = getattr(self, family)
@@ -657,3 +667,20 @@ class HybridRerun:
         cap = open_capture(path)
         cap._workdir = self._tmp  # the temporary directory lives as long as a capture in it
         return cap
+
+
+def rerun_from_capture(cap, *, steps: int) -> "HybridRerun | None":
+    """A :class:`HybridRerun` of the run a bundled-decoder capture recorded (its config, arm and
+    prompt from ``run``), or None when the capture is not of the base hybrid decoder (another
+    model, or the tie/split-K models whose weights were edited)."""
+    run = getattr(cap, "run", None) or {}
+    if not str(run.get("model", "")).endswith("hybrid.HybridDecoder") or "tie" in run or "splitk" in run:
+        return None
+    try:
+        cfg = HybridConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in run["config"].items()})
+        arm = ArmConfig.from_dict(run["arm"])
+        model = HybridDecoder(cfg)
+        prompt = model.prompt(int(run["prompt"]["length"]), seed=int(run["prompt"]["seed"]))
+    except (KeyError, TypeError, ValueError):
+        return None
+    return HybridRerun(model, arm, prompt, steps=steps)
