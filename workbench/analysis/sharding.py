@@ -37,6 +37,7 @@ from typing import Mapping, Sequence
 import pandas as pd
 import torch
 
+from workbench.analysis.splitk import _ranges
 from workbench.capture.reader import Capture, open_capture
 from workbench.errors import AnalysisError, KeyNotFoundError
 
@@ -403,17 +404,6 @@ def sharding_summary(reports: Sequence[ShardingReport]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def _ranges(xs: list[int]) -> str:
-    xs, out, i = sorted(xs), [], 0
-    while i < len(xs):
-        j = i
-        while j + 1 < len(xs) and xs[j + 1] == xs[j] + 1:
-            j += 1
-        out.append(str(xs[i]) if i == j else f"{xs[i]}-{xs[j]}")
-        i = j + 1
-    return ", ".join(out)
-
-
 def sharding_finding(arm: str, reports: Sequence[ShardingReport]) -> tuple[str, dict]:
     """One sentence for an arm's replays over several layers: the layout of each group of layers,
     the first layer's detail, and every layer where a rank's partial holds only bf16 values or the
@@ -424,7 +414,7 @@ def sharding_finding(arm: str, reports: Sequence[ShardingReport]) -> tuple[str, 
     for r in reports:
         groups.setdefault(r.layout or ("undetermined" if not r.table.empty else "all-reduce replayed only"),
                           []).append(r.layer)
-    head = "; ".join(f"{lay} at layer{'s' if len(ls) > 1 else ''} {_ranges(ls)}" for lay, ls in groups.items())
+    head = "; ".join(f"{lay} at layer{'s' if len(ls) > 1 else ''} {_ranges(sorted(ls))}" for lay, ls in groups.items())
     first = reports[0]
     text = (f"{arm} (step {first.step}, tp={first.tp}): {head}. Layer {first.layer}: "
             + first.finding.split(": ", 1)[-1])

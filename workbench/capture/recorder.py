@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import contextlib
 import fnmatch
+import functools
 import os
 import re
 import warnings
@@ -74,10 +75,16 @@ def _world() -> dict:
     return {}
 
 
+@functools.lru_cache(maxsize=1)
+def _has_cuda() -> bool:
+    return bool(torch.cuda.is_available())
+
+
 def _capturing_cuda_graph() -> bool:
-    """Whether the current CUDA stream is capturing a graph (False without CUDA)."""
+    """Whether the current CUDA stream is capturing a graph (False without CUDA; asked per
+    tensor, so CUDA's availability is looked up once)."""
     try:
-        return bool(torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
+        return _has_cuda() and bool(torch.cuda.is_current_stream_capturing())
     except Exception:
         return False
 
