@@ -133,3 +133,20 @@ def test_bisect_follows_an_amplified_difference_to_its_origin(llama_pair):
     assert res["tries"][0]["agrees"] is True  # the layer-3 op computes the same from the control's inputs
     assert res["origin"] == (0, 0, 1, "mlp.down_proj"), res
     assert "bit-identical inputs" in res["how"] and res["heals"] is True
+
+
+def test_bisect_names_a_parent_whose_own_code_changes_the_bits(llama_pair):
+    """Layer 2's MLP rounds its input and output to bf16 in its own forward (outside its child
+    projections): the first divergence is a child's input, every child computes the same bits from
+    the control's inputs, and the origin is the MLP itself."""
+    from workbench.analysis import bisect
+
+    control, _ = llama_pair
+    ctl = ModelRerun(control, _run, arm="control", **OPTS)({})
+    cand = copy.deepcopy(control)
+    mlp = cand.model.layers[2].mlp
+    fwd = mlp.forward
+    mlp.forward = lambda x: fwd(x.bfloat16().float()).bfloat16().float()
+    res = bisect(ModelRerun(cand, _run, arm="bf16-mlp", **OPTS), ctl)
+    assert res["first_divergence"][3].startswith("mlp.")  # a child of the MLP
+    assert res["origin"] == (0, 0, 2, "mlp") and res["heals"] is True, res["verdict"]

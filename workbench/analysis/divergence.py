@@ -179,7 +179,8 @@ def bisect(rerun: Callable[[Mapping[tuple, torch.Tensor]], Capture], control, *,
     2. Otherwise the divergence is an amplification of smaller differences that entered through
        its inputs: among the ops whose tensors differ at all (threshold 0), in causal order (at
        most ``max_ops``), the first that produces other bits from the control's bit-identical
-       inputs is the origin.
+       inputs is the origin (the innermost such op: a module whose own code, outside its children,
+       changes the bits is the origin only when none of its children does).
     3. The origin's outputs are grafted from the control: ``heals`` says whether every later key
        then agrees (one fault) or names the next divergence (another fault downstream).
 
@@ -218,14 +219,32 @@ def bisect(rerun: Callable[[Mapping[tuple, torch.Tensor]], Capture], control, *,
         origin, how = fd, "still diverges beyond its threshold with the control's inputs"
     else:
         exact = compare_captures(ctl, base, rules=[Rule("*", threshold=0.0)])
-        t = exact.table[(exact.table["seq"] >= 0) & exact.table["exceeded"].astype(bool)]
-        ops = list(dict.fromkeys(zip(t["rank"].astype(int), t["step"].astype(int), t["layer"].astype(int),
-                                     t["op"].astype(str))))
-        for op_key in ops[:max_ops]:
-            if attempt(op_key, exact=True) is False:
-                origin, how = op_key, "produces other bits from the control's bit-identical inputs"
-                break
-            if op_key == fd:
+        t = exact.table[exact.table["seq"] >= 0]
+        span: dict[tuple, tuple[int, int]] = {}  # op -> (first, last) seq of its tensors: a parent spans its children
+        for k, q in zip(zip(t["rank"].astype(int), t["step"].astype(int), t["layer"].astype(int), t["op"].astype(str)),
+                        t["seq"].astype(int)):
+            a, b = span.get(k, (q, q))
+            span[k] = (min(a, q), max(b, q))
+        differ = set(zip(*(t[t["exceeded"].astype(bool)][f] for f in ("rank", "step", "layer", "op"))))
+        ops = sorted((k for k in span if k in differ and span[k][0] <= span[fd][1]), key=lambda k: span[k][0])
+        budget = [max_ops]
+
+        def fails(op_key) -> bool:
+            if budget[0] <= 0:
+                return False
+            budget[0] -= 1
+            return attempt(op_key, exact=True) is False
+
+        def innermost(parent):
+            """The deepest op inside ``parent`` that still changes bits from identical inputs."""
+            for k in ops:
+                if span[parent][0] < span[k][0] and span[k][1] <= span[parent][1] and fails(k):
+                    return innermost(k)
+            return parent
+
+        for op_key in ops:  # by first tensor: a module whose own code rounds comes before its children
+            if fails(op_key):
+                origin, how = innermost(op_key), "produces other bits from the control's bit-identical inputs"
                 break
     heals, nxt = None, None
     if origin is not None:
