@@ -3,7 +3,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from workbench.analysis import counterfactuals, replay
+from workbench.analysis import counterfactuals, describe_counterfactuals, replay
+from workbench.analysis.replay import replay_cases
 from workbench.capture import CaptureWriter, open_capture
 from workbench.errors import AnalysisError
 from workbench.kernels import gdn
@@ -50,6 +51,33 @@ def test_bundled_replay_gdn_and_merge():
     assert float(ds.err_captured.sel(variant="torch:default").max()) < 1e-5
     m = replay(CAPTURES / "candidate", op="qsa_merge", layer=3, rank=0, max_cases=2)
     assert m.sizes["case"] == 2
+
+
+def test_bundled_qsa_decode_replays_every_recorded_case():
+    """The bundled decoder records the sparse decode's inputs (paged K/V cache, block table, q,
+    indices) at its 9 detail steps, in each of its 2 QSA layers on 2 ranks: 36 cases, prefill rows
+    included (sliced like q). Replayed with the control's policy they reproduce the control's output
+    to fp32 noise; on the candidate the fp16-probability change reproduces what the tensors show."""
+    cases = replay_cases(CAPTURES / "candidate", op="qsa")
+    assert len(cases) == 36 and {c[2] for c in cases} == {3, 7} and {c[0] for c in cases} == {0, 1}
+    base = Policy(num_kv_splits=2)
+    ctl = counterfactuals(CAPTURES / "control", op="qsa", base=base, knobs={"prob_dtype": ["fp16"]})
+    assert ctl.attrs["reproduced_by"] == "base"
+    assert float(ctl.err_captured.sel(change="base").max()) < 1e-6
+    assert int(ctl.n_closer_captured.sel(change="prob_dtype=fp16")) == 0
+    cf = counterfactuals(CAPTURES / "candidate", op="qsa", base=base, knobs={"prob_dtype": ["fp16"]})
+    assert cf.attrs["reproduced_by"] == "prob_dtype=fp16"
+    fp16 = cf.sel(change="prob_dtype=fp16")
+    assert int(fp16.n_closer_captured) == 36
+    # the base's replay is as far from the capture as fp16 rounding of P makes it; fp16's is fp32
+    # noise in most cases (a score that lands on the other side of an fp16 rounding boundary after
+    # fp32 reassociation moves a case to ~1e-5, still closer than the base's ~1e-4)
+    assert float(cf.median_err_captured.sel(change="base")) > 100 * float(fp16.median_err_captured)
+    assert float(fp16.median_err_captured) < 1e-6
+    lines = describe_counterfactuals(cf)
+    assert lines[1].startswith("prob_dtype=fp16: closer to the captured o in 36 of 36 cases; median rel. L2 vs captured ")
+    # judged against FP64 too: the fp16 probabilities are the farther from the truth
+    assert float(fp16.median_err_oracle) > 100 * float(cf.median_err_oracle.sel(change="base"))
 
 
 def test_a_user_registered_adapter_replays_captures_with_other_names(tmp_path):

@@ -139,3 +139,22 @@ def test_papermill_reads_every_parameter(path, caplog):
         seen = {p.name for p in PythonTranslator.inspect(cell)}
     assert seen == {p.name for p in parse_parameters(nb, path=path)}
     assert not [r for r in caplog.records if "Unable to parse" in r.getMessage()]
+
+
+def test_replay_notebook_replays_the_captured_qsa_decode(tmp_path):
+    """The replay notebook on the bundled candidate's sparse decode (36 recorded cases): the
+    fp16-probability change is found from the tensors, moves every case closer to the capture, and
+    the metadata expectation (the one knob the recorded policies differ in) agrees."""
+    from .helpers import run_one
+
+    r = run_one(tmp_path, "replay", capture=str(ROOT / "captures/candidate"), control=str(ROOT / "captures/control"),
+                op="qsa", output="o", backends=["torch"],  # knobs: the qsa adapter's own
+                expect="metadata", reproduce_quantile=0.5)
+    assert r.status == "passed", r.describe()
+    assert r.findings[0]["data"]["reproduced"] == "prob_dtype=fp16"
+    moved = next(f for f in r.findings if "closer_cases" in f["data"])
+    assert (moved["data"]["closer_cases"], moved["data"]["cases"]) == (36, 36)
+    assert {"reproduced_by", "blamed_knob"} <= {g["name"] for g in r.gates}
+    # fp32 reassociation in the replay flips an fp16 rounding of P in a few cases: most reproduce
+    # to fp32 noise, which the finding counts
+    assert " cases; worst " in r.findings[0]["text"]

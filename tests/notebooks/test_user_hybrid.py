@@ -49,7 +49,9 @@ def test_replay_discovers_the_state_policy(engine_run, tmp_path, monkeypatch):
     r = run_one(tmp_path / "a", "replay", **base, layer=BF16_LAYER)
     assert r.status == "passed", r.describe()
     assert r.findings[0]["data"]["reproduced"] == "state_dtype=bf16", r.findings[0]
-    assert r.findings[2]["data"]["blamed"] == "state_dtype"
+    assert [f["data"]["blamed"] for f in r.findings if "blamed" in f["data"]] == ["state_dtype"]
+    moved = next(f for f in r.findings if "closer_cases" in f["data"])
+    assert moved["text"].startswith("state_dtype=bf16 moves ") and 0 < moved["data"]["closer_cases"] <= moved["data"]["cases"]
     assert set(gates_by_name(r)) == {"reproduced_rel_l2"}
     right = run_one(tmp_path / "b", "replay", **base, layer=BF16_LAYER, expect="reproduced=state_dtype=bf16 blamed=state_dtype")
     assert right.status == "passed", right.describe()

@@ -19,13 +19,13 @@ __all__ += [
 ]
 from workbench.analysis.divergence import bisect, graft, key_of
 from workbench.analysis.relocation import relocation_invariance, relocation_invariance_captures
-from workbench.analysis.replay import OpAdapter, adapters, counterfactuals, register_adapter, replay
+from workbench.analysis.replay import OpAdapter, adapters, counterfactuals, describe_counterfactuals, register_adapter, replay
 from workbench.analysis.state import chunked_continuation, prefill_decode_handoff, state_drift, state_evolution
 from workbench.analysis import accessors as _accessors  # noqa: F401  registers ds.div
 
 __all__ += [
     "bisect", "graft", "key_of",
-    "relocation_invariance", "relocation_invariance_captures", "OpAdapter", "adapters", "counterfactuals",
+    "relocation_invariance", "relocation_invariance_captures", "OpAdapter", "adapters", "counterfactuals", "describe_counterfactuals",
     "register_adapter", "replay",
     "chunked_continuation", "prefill_decode_handoff", "state_drift", "state_evolution",
 ]

@@ -232,6 +232,10 @@ class RecordSpec:
         rank's gate and up projections, activation and down-projection partial, and the weights
         (bf16, as held: the checkpoint's values) with the prefill's last step; what
         :func:`workbench.analysis.sharding.sharding_replay` reads
+    qsa_cache_steps: steps at which each QSA layer's sparse decode is recorded in full for replay
+        (:func:`workbench.analysis.replay` with ``op="qsa"``): the paged ``k_cache``, ``v_cache``
+        ``[pages, page, kvh, d]`` it reads, its ``block_table`` ``[t, pages]``, and the ``q`` and
+        ``indices`` it is called with (also at steps that are not detail steps)
     """
 
     detail_steps: tuple[int, ...] | None = (0, 1, 2, 3, 8, 16, 32, 48, 64)
@@ -241,14 +245,16 @@ class RecordSpec:
     batch_rows: bool = False  # record each step's (request, position) rows (CaptureWriter.add_batch)
     conv_state: bool = False  # record the GDN conv windows (gdn/conv_state_q, _k, _v) after every step
     mlp_detail: tuple[int, ...] = ()  # layers whose MLP internals (and weights, at step 0) are recorded
+    qsa_cache_steps: tuple[int, ...] = ()  # steps whose QSA decode inputs (paged K/V cache, block table) are recorded
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["detail_steps"] = None if self.detail_steps is None else list(self.detail_steps)
         d["every_step"] = list(self.every_step)
-        d["mlp_detail"] = list(self.mlp_detail)
-        if not d["mlp_detail"]:
-            del d["mlp_detail"]  # the manifests of captures that record none stay as they were
+        for opt in ("mlp_detail", "qsa_cache_steps"):
+            d[opt] = list(getattr(self, opt))
+            if not d[opt]:
+                del d[opt]  # the manifests of captures that record none stay as they were
         return d
 
 
@@ -326,10 +332,16 @@ class _Tape:
         d = self.spec.detail_steps
         return self.writer is not None and (d is None or self.step in d)
 
-    def add(self, t: torch.Tensor, *, rank: int, layer: int, op: str, name: str, tokens: bool = False) -> None:
+    @property
+    def qsa_cache(self) -> bool:
+        return self.writer is not None and self.step in self.spec.qsa_cache_steps
+
+    def add(self, t: torch.Tensor, *, rank: int, layer: int, op: str, name: str, tokens: bool = False,
+            force: bool = False) -> None:
         """``tokens``: t's first dim is the token dim (sliced at prefill). Per-rank tensors carry
-        their layout over the simulated TP ranks (:data:`LAYOUTS`)."""
-        if self.writer is None or not (self.detail or f"{op}/{name}" in self.spec.every_step):
+        their layout over the simulated TP ranks (:data:`LAYOUTS`). ``force``: record at this step
+        whatever the detail steps say."""
+        if self.writer is None or not (force or self.detail or f"{op}/{name}" in self.spec.every_step):
             return
         tags = {}
         n = self.spec.prefill_positions
@@ -359,6 +371,8 @@ LAYOUTS = {
     "qsa/index_scores": "t n # tp:replicated", "qsa/indices": "t n # tp:replicated",
     "qsa/partial_o": "t h[tp] s d", "qsa/partial_lse": "t h[tp] s", "qsa/o": "t h[tp] d", "qsa/lse": "t h[tp]",
     "qsa/gated": "t h[tp] d",
+    "qsa/k_cache": "pg s kvh[tp:grouped] d", "qsa/v_cache": "pg s kvh[tp:grouped] d",
+    "qsa/block_table": "t n # tp:replicated",
     "mlp/gate": "t f[tp]", "mlp/up": "t f[tp]", "mlp/act": "t f[tp]", "mlp/partial": "t d[tp:partial]",
     "mlp/w_gate": "f[tp] d", "mlp/w_up": "f[tp] d", "mlp/w_down": "d f[tp]",
 }
@@ -487,10 +501,16 @@ class HybridDecoder:
             lse_parts = torch.stack(lse_parts, -1)
             o, lse = qsa.merge_states(o_parts, lse_parts, policy=pol, backend=be)
             gated = qsa.output_gate(o.float(), gate, policy=pol, backend=be, fallback=_HELPER_FALLBACK)
+            full = tape.qsa_cache  # what a replay of the sparse decode reads, at the chosen steps
             for name, t in (("q", q), ("k", k), ("v", v), ("gate", gate), ("index_scores", scores),
                             ("indices", idx), ("partial_o", o_parts), ("partial_lse", lse_parts),
                             ("o", o), ("lse", lse), ("gated", gated)):
-                tape.add(t, rank=r, layer=i, op="qsa", name=name, tokens=True)
+                tape.add(t, rank=r, layer=i, op="qsa", name=name, tokens=True,
+                         force=full and name in ("q", "indices", "o", "lse"))
+            if full:
+                tape.add(table, rank=r, layer=i, op="qsa", name="block_table", tokens=True, force=True)
+                for name, t in (("k_cache", kv.k), ("v_cache", kv.v)):
+                    tape.add(t, rank=r, layer=i, op="qsa", name=name, force=True)
             parts.append(self._mm(gated.reshape(T, -1).float(), W[p + "o"][:, _rows(qh, Dh)], arm, i, r))
         return self._all_reduce(parts)
 

@@ -88,7 +88,7 @@ def _adapter(op, names, outputs, load, run, knobs) -> OpAdapter:
 
 
 GDN = _adapter("gdn", ("q", "k", "v", "g", "beta", "state"), ("core", "state"), _gdn_load, _gdn_run,
-               knobs={"state_dtype": ["bf16"], "input_dtype": ["bf16"]})
+               knobs={"state_dtype": ["bf16", "fp16"], "input_dtype": ["bf16"], "accum_dtype": ["fp64"]})
 QSA_MERGE = _adapter("qsa", ("partial_o", "partial_lse", "gate"), ("o", "lse", "gated"), _merge_load, _merge_run,
                      knobs={"prob_dtype": ["fp16"], "num_kv_splits": [4]})
 QSA = _adapter("qsa", ("q", "k_cache", "v_cache", "block_table", "indices"), ("o", "lse"), _qsa_load, _qsa_run,

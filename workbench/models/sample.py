@@ -34,8 +34,10 @@ __all__ = ["CAPTURES", "PAIRS", "SampleCapture", "write_samples", "base_model", 
 PROMPT_LEN, DECODE_STEPS = 256, 64
 REGENERATE = "workbench samples --out captures"
 
-# drift needs every step; the other families keep every internal tensor only at the detail steps
-MAIN_SPEC = RecordSpec()
+# drift needs every step; the other families keep every internal tensor only at the detail steps,
+# and the QSA layers' sparse decode inputs (paged K/V cache, block table) at the same steps, so that
+# replay(op="qsa") replays them (2 QSA layers x 2 ranks x 9 steps: 36 cases)
+MAIN_SPEC = RecordSpec(qsa_cache_steps=RecordSpec().detail_steps)
 LIGHT_SPEC = RecordSpec(detail_steps=(0, 1, 2, 3, 16, 64),
                         every_step=("lm_head/input", "lm_head/logits", "sampler/token"))
 # the layout pair records layers 0 and 3's MLP in full (inputs, per-rank partials, weights) for the
