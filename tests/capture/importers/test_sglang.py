@@ -81,6 +81,8 @@ def test_older_layout_forward_pass_id_rank_folders_and_bare_tensors(tmp_path):
     ("model.layers.3.self_attn.o_proj.output", None, (3, "self_attn.o_proj", "output")),
     ("non_intrusive__model.layers.3.mlp.inputs.0", None, (3, "mlp", "inputs.0")),
     ("grad__model.layers.2.mlp.output", None, (2, "mlp", "grad.output")),
+    ("grad__mlp_output", None, (-1, "mlp_output", "grad.value")),
+    ("param__layer_start__weight", 2, (2, "layer_start", "param.weight")),
     ("lm_head.output", None, (-1, "lm_head", "output")),
     ("non_intrusive__inputs.0", None, (-1, "root", "inputs.0")),
     ("layer_start__hidden_states", 7, (7, "layer_start", "hidden_states")),
@@ -232,3 +234,36 @@ def test_destination_overlapping_the_source_is_refused(current_dump, tmp_path, w
     with pytest.raises(ImporterError, match="destination .* the dump being imported"):
         import_capture("sglang", src, dst, overwrite=True)
     assert sorted(p.name for p in src.iterdir()) == before
+
+
+GRAD_FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "sglang_grad"
+
+
+def test_gradient_dumps_without_layer_id_take_their_tensors_layers(tmp_path):
+    """SGLang's own dumper with DUMPER_ENABLE_GRAD=1 and the layer set by dumper.set_ctx, as its
+    models do (scripts/make_sglang_grad_fixtures.py): the gradient files carry no layer_id. Each
+    takes the layer of its tensor's forward dump in backward order, which the values confirm:
+    h[L+1] = h[L] + mlp_output[L], so the gradient of layer L's MLP output is exactly that of layer
+    L+1's input."""
+    from workbench.analysis import compare_captures
+    from workbench.capture import open_capture
+
+    caps = {}
+    for arm in ("control", "candidate"):
+        import_capture("sglang", GRAD_FIXTURES / arm, tmp_path / arm)
+        caps[arm] = open_capture(tmp_path / arm)
+    cap = caps["control"]
+    idx = cap.index
+    grads = idx[idx["name"] == "grad.value"]
+    assert sorted(grads[grads["op"] == "mlp_output"]["layer"]) == [0, 1, 2]
+    assert sorted(grads[grads["op"] == "layer_input"]["layer"]) == [1, 2]  # layer 0's input (embeddings) needs no grad
+    assert all(t.get("layer_from") == "backward order of mlp_output's forward dumps"
+               for t in grads[grads["op"] == "mlp_output"]["tags"])
+    for layer in (0, 1):
+        assert torch.equal(cap.get(layer=layer, op="mlp_output", name="grad.value"),
+                           cap.get(layer=layer + 1, op="layer_input", name="grad.value"))
+    assert not torch.equal(cap.get(layer=1, op="mlp_output", name="grad.value"),
+                           cap.get(layer=1, op="layer_input", name="grad.value"))
+    res = compare_captures(caps["control"], caps["candidate"])
+    first = res.first_divergence()
+    assert (first["layer"], first["op"], first["name"]) == (1, "mlp_output", "value")

@@ -29,12 +29,17 @@ Mapping to capture keys
   ``model.layers.3.self_attn.o_proj.output``  3     ``self_attn.o_proj``    ``output``
   ``non_intrusive__model.layers.3.mlp.inputs.0`` 3  ``mlp``                 ``inputs.0``
   ``grad__model.layers.3.mlp.output``         3     ``mlp``                 ``grad.output``
+  ``grad__mlp_output`` (no ``layer_id``)      see below ``mlp_output``        ``grad.value``
   ``lm_head.output``                          -1    ``lm_head``             ``output``
   ``layer_start__hidden_states``              id    ``layer_start``         ``hidden_states``
   ``logits``                                  id    ``logits``              ``value``
   ========================================  ======  ======================  =================
 
-  ``mapper(dumped_name, fields) -> (layer, op, name)`` replaces this rule.
+  ``mapper(dumped_name, fields) -> (layer, op, name)`` replaces this rule. ``grad__``/``param__``
+  (a gradient, a parameter) keep the key of the tensor they belong to, the kind in front of the
+  name. The dumper's gradient hooks drop the ``layer_id`` that ``dumper.set_ctx`` gave the forward
+  dump; a gradient file without one takes the layer of its tensor's forward dumps in reverse
+  (backward) order, tagged ``layer_from``.
 * seq (causal order): sorted by step, then ``dump_index`` (the dumper's own counter; files without
   one by modification time), then rank, then path.
 * tags: every other field of the name (``dump_index``, ``recompute_status``, ``tp_rank``...), the
@@ -75,6 +80,9 @@ _INT_FIELDS = ("step", "forward_pass_id", "rank", "dump_index", "layer_id")
 # SGLang core fields that say where a request sits in the engine's pools, not what it computes:
 # kept in run["values"], not compared
 BOOKKEEPING = ("req_pool_indices",)
+# kinds the dumper prefixes to a name (``grad__x``: the gradient of x; ``param__x``: a parameter):
+# the same (layer, op) as x, the kind in front of the name, so they never mix with the values
+KINDS = ("grad", "param")
 _HOOK_DIR = re.compile(r"TP(\d+)_PP(\d+)_Rank(\d+)_pid(\d+)")
 _HOOK_FILE = re.compile(r"Pass(\d+)\.pt")
 
@@ -173,6 +181,9 @@ def format_dump_name(fields: dict[str, Any]) -> str:
 def split_dump_name(dumped: str, layer_id: int | None = None) -> tuple[int, str, str]:
     """(layer, op, name) of a dumped tensor name; see the module docstring for the rule."""
     segs = [s for s in dumped.split("__") if s and s != "non_intrusive"]
+    if len(segs) > 1 and segs[0] in KINDS:  # a gradient or parameter: the tensor's key, its kind in the name
+        layer, op, name = split_dump_name("__".join(segs[1:]), layer_id)
+        return layer, op, f"{segs[0]}.{name}"
     if not segs:
         return (-1 if layer_id is None else layer_id), dumped, "value"
     last, quals = segs[-1], segs[:-1]
@@ -254,6 +265,8 @@ class SGLangImporter(Importer):
             except FileNameError as e:
                 skips(e)
         entries.sort(key=lambda e: self._order_key(e, order))
+        if mapper is None:
+            self._grad_layers(entries)
         self._resolve_duplicates(entries, duplicates, root)
 
         meta = dict(run or {})
@@ -438,6 +451,36 @@ class SGLangImporter(Importer):
         if order == "mtime" or e["dump_index"] is None:
             return (e["step"], 1, mtime, e["rank"], natural_key(e["rel"]))
         return (e["step"], 0, e["dump_index"], e["rank"], natural_key(e["rel"]))
+
+    @staticmethod
+    def _grad_layers(entries: list[dict]) -> None:
+        """Give ``grad__x`` files without a layer the layers of x's forward dumps.
+
+        The dumper's gradient hooks keep the arguments of the ``dump()`` call but not the context
+        (``dumper.set_ctx(layer_id=...)``, as SGLang's layers set it), so their files carry no
+        ``layer_id``. The backward reaches the tensors in the reverse order of the forward: the
+        i-th gradient of x written (by ``dump_index``) in a step and rank is that of the i-th last
+        forward dump of x. Recovered only when every such gradient has a forward dump with a layer
+        and dump indices order both; tagged ``layer_from`` to say so.
+        """
+        grads: dict[tuple, list[dict]] = defaultdict(list)
+        fwd: dict[tuple, list[dict]] = defaultdict(list)
+        for e in entries:
+            dumped = e["fields"]["name"]
+            if e["dump_index"] is None:
+                continue
+            if dumped.startswith("grad__") and e["layer"] == -1 and "layer_id" not in e["fields"]:
+                grads[(e["rank"], e["step"], dumped[len("grad__"):])].append(e)
+            elif e["layer"] != -1:
+                fwd[(e["rank"], e["step"], dumped)].append(e)
+        for key, gs in grads.items():
+            fs = sorted(fwd.get(key, []), key=lambda e: e["dump_index"])
+            gs = sorted(gs, key=lambda e: e["dump_index"])
+            if not fs or len(gs) > len(fs) or gs[0]["dump_index"] < fs[-1]["dump_index"]:
+                continue  # no forward dumps with layers, or not a backward after them: left as dumped
+            for i, g in enumerate(gs):
+                g["layer"] = fs[len(fs) - 1 - i]["layer"]
+                g["tags"]["layer_from"] = f"backward order of {key[2]}'s forward dumps"
 
     @staticmethod
     def _resolve_duplicates(entries: list[dict], duplicates: str, root: Path) -> None:
