@@ -150,3 +150,29 @@ def test_bisect_names_a_parent_whose_own_code_changes_the_bits(llama_pair):
     res = bisect(ModelRerun(cand, _run, arm="bf16-mlp", **OPTS), ctl)
     assert res["first_divergence"][3].startswith("mlp.")  # a child of the MLP
     assert res["origin"] == (0, 0, 2, "mlp") and res["heals"] is True, res["verdict"]
+
+
+def test_bisect_on_qwen3_next_finds_the_gdn_kernel_change():
+    """The bundled tiny Qwen3-Next (3 linear-attention layers, then full attention), with the
+    workbench GDN kernel patched in on both arms; the candidate's reads q, k and v in bf16.
+    The fault is inside each linear-attention block's own code (the gated delta rule is a function,
+    not a submodule): bisect names layer 0's linear_attn, and grafting its output does not heal
+    (layers 1 and 2 run the same kernel), so the next fault is named downstream."""
+    from workbench.analysis import Rule, bisect
+    from workbench.models.hf_qwen3next import HF_INCLUDE, build_model, prompt_ids, workbench_gdn
+    from workbench.numerics.policy import Policy
+
+    model, ids = build_model(), prompt_ids()
+
+    def runner(policy):
+        def run(m):
+            with workbench_gdn(backend="torch", policy=policy):
+                return m(ids)
+        return run
+
+    ctl = ModelRerun(model, runner(Policy()), arm="control", include=HF_INCLUDE)({})
+    cand = ModelRerun(model, runner(Policy(input_dtype="bf16")), arm="bf16-inputs", include=HF_INCLUDE)
+    res = bisect(cand, ctl, rules=[Rule("*", threshold=1e-4)])  # both arms: the same kernel, this process
+    assert res["origin"] == (0, 0, 0, "linear_attn"), res["verdict"]
+    assert res["heals"] is False and res["next"][2] == 1, res["verdict"]
+    assert "another fault downstream" in res["verdict"]

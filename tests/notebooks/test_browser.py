@@ -78,10 +78,12 @@ def lab(tmp_path):
     nbformat.write(nb, root / "first_divergence.ipynb")
     port, token = _free_port(), os.urandom(16).hex()
     # every cell attached to the page (no windowing), so what a cell printed is found however far
-    # down the notebook it is
+    # down the notebook it is; the notebook's own kernel (python3) started without asking, as with
+    # "Always start the preferred kernel" ticked: on a loaded machine the kernel specs can reach the
+    # page after the notebook, and JupyterLab then asks "Select Kernel" again and again
     tracker = tmp_path / "settings" / "@jupyterlab" / "notebook-extension" / "tracker.jupyterlab-settings"
     tracker.parent.mkdir(parents=True)
-    tracker.write_text(json.dumps({"windowingMode": "none"}))
+    tracker.write_text(json.dumps({"windowingMode": "none", "autoStartDefaultKernel": True}))
     env = dict(os.environ, JUPYTER_CONFIG_DIR=str(tmp_path / "config"),
                JUPYTERLAB_SETTINGS_DIR=str(tmp_path / "settings"),
                JUPYTER_RUNTIME_DIR=str(tmp_path / "runtime"), WORKBENCH_ROOT=str(ROOT),
@@ -241,6 +243,36 @@ def _wait_for_run(page, text, lab_log: Path | None = None, reruns: int = 2) -> N
                          + _diagnosis(page, lab_log))
 
 
+_WIDGET_OUTPUTS = """() => ({views: document.querySelectorAll('.jp-OutputArea-output .jupyter-widgets').length,
+    notes: [...document.querySelectorAll('.jp-OutputArea-output')].map(o => o.textContent.trim())
+        .filter(t => /(error|loading)[^\\n]{0,20}widget/i.test(t)).map(t => t.slice(0, 200))})"""
+
+
+def _wait_for_widget(page, selector: str, tmp_path: Path) -> None:
+    """Wait for a widget's part to be drawn. A widget view can fail to attach when the kernel was
+    replaced during Run All on a loaded machine (its output then reads "Error displaying widget" or
+    stays "Loading widget..."); a user would clear the outputs and run all cells again, and so do
+    we, once, saying so with what each widget output showed."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    try:
+        page.wait_for_selector(selector, timeout=min(BUSY_MS, 240_000))
+        return
+    except PlaywrightTimeout:
+        _keep(page, tmp_path, "jupyterlab_widget_not_drawn.png")
+        print(f"{selector} not drawn; widget outputs: {page.evaluate(_WIDGET_OUTPUTS)}; "
+              "clearing the outputs and running all cells again")
+    page.locator(".lm-MenuBar-itemLabel", has_text="Edit").first.click()
+    page.locator(".lm-Menu-itemLabel", has_text="Clear Outputs of All Cells").first.click()
+    _run_all_cells(page)
+    _wait_for_run(page, re.compile(r"all \d+ gate\(s\) passed"), tmp_path / "lab.log")
+    try:
+        page.wait_for_selector(selector, timeout=BUSY_MS)
+    except PlaywrightTimeout:
+        raise AssertionError(f"{selector} was not drawn after a second run; widget outputs: "
+                             f"{page.evaluate(_WIDGET_OUTPUTS)}\n" + _diagnosis(page, tmp_path / "lab.log"))
+
+
 def _explorer_ytitle(page) -> str:
     return page.locator(".workbench-explorer .js-plotly-plot .ytitle").first.text_content()
 
@@ -259,7 +291,7 @@ def test_jupyterlab_runs_notebook_and_widget_redraws(lab, browser, tmp_path):
         _keep(page, tmp_path, "jupyterlab_first_divergence_run.png")
     page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=BUSY_MS)
     # two figures at top level and one in the explorer, all drawn by plotly.js
-    page.wait_for_selector(".workbench-explorer .js-plotly-plot .main-svg", timeout=BUSY_MS)
+    _wait_for_widget(page, ".workbench-explorer .js-plotly-plot .main-svg", tmp_path)
     assert page.locator(".jp-OutputArea .js-plotly-plot .main-svg").count() >= 3
     assert _explorer_ytitle(page) == "rel_l2"
     page.locator(".workbench-explorer select").first.select_option("max_abs")
@@ -269,12 +301,24 @@ def test_jupyterlab_runs_notebook_and_widget_redraws(lab, browser, tmp_path):
     # the capture explorer (workbench.widgets): its plotly FigureWidgets render and follow the
     # metric dropdown in place
     cx = ".workbench-capture-explorer"
-    page.wait_for_selector(f"{cx} .js-plotly-plot .main-svg", timeout=BUSY_MS)
+    _wait_for_widget(page, f"{cx} .js-plotly-plot .main-svg", tmp_path)
     assert page.locator(f"{cx} .js-plotly-plot .ytitle").first.text_content() == "rel_l2"
     page.locator(f"{cx} select").last.select_option("max_abs")
     page.wait_for_function(
         f"() => document.querySelector('{cx} .js-plotly-plot .ytitle')?.textContent === 'max_abs'",
         timeout=BUSY_MS)
+    # the graft form: Graft re-runs the candidate with the chosen op's input from the control (the
+    # first divergence's op, chosen by default); the verdict and the figure of the grafted run show
+    gp = ".workbench-graft-panel"
+    page.wait_for_selector(f"{gp} button", timeout=BUSY_MS)
+    chosen = page.locator(f"{gp} select option:checked").first.text_content().replace("\xa0", " ")  # ipywidgets' nbsp
+    assert chosen == "layer 3 qsa (step 0, rank 0)  <- first divergence", chosen
+    page.locator(f"{gp} button", has_text="Graft").click()
+    page.wait_for_selector(f"{gp} .js-plotly-plot .main-svg", timeout=BUSY_MS)
+    page.get_by_text(re.compile(r"still diverges: the fault starts in this op")).first.wait_for(timeout=BUSY_MS)
+    assert page.locator(f"{gp} .js-plotly-plot .legendtext", has_text="grafted").count() == 1
+    page.locator(gp).scroll_into_view_if_needed()
+    _keep(page, tmp_path, "jupyterlab_graft_form.png")
     page.locator(".workbench-explorer").scroll_into_view_if_needed()
     _keep(page, tmp_path, "jupyterlab_first_divergence.png")
     assert not page.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']",

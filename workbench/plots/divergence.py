@@ -115,10 +115,14 @@ def graft_figure(ds, *, title: str | None = None):
     fig = go.Figure()
     labels = [f"L{l} {o}/{n} s{s} r{r}" for r, s, l, o, n in zip(ds["rank"].values, ds.step.values, ds.layer.values,
                                                                 ds.op.values, ds.name.values)]
+    # the candidate as open rings, the grafted run as dots inside them: where a graft changes
+    # nothing the dot sits in its ring, where it heals the dot drops below
+    marker = {"candidate": dict(symbol="circle-open", size=10, line=dict(width=1.5)), "grafted": dict(size=5)}
     for v in ds.variant.values:
         y = ds.value.sel(variant=v).to_numpy().astype(float)
         fig.add_trace(go.Scatter(x=ds.seq.values, y=np.where(y > 0, y, 1e-16), mode="markers", name=str(v),
-                                 text=labels, hovertemplate="%{text}: %{y:.3e}<extra>%{fullData.name}</extra>"))
+                                 marker=marker.get(str(v), {}), text=labels,
+                                 hovertemplate="%{text}: %{y:.3e}<extra>%{fullData.name}</extra>"))
     if "graft_seq" in ds.attrs:
         fig.add_vline(x=int(ds.attrs["graft_seq"]), line_dash="dash", annotation_text="graft")
     fig.update_layout(title=title or ds.attrs.get("verdict", "graft"), xaxis_title="seq (causal order)",
