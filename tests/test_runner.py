@@ -129,6 +129,35 @@ def test_export_html_is_offline_and_shows_plotly(tmp_path):
         assert cdn not in page
 
 
+def test_report_opens_with_a_summary_and_folds_code(tmp_path):
+    """The report a reviewer reads: the question (first markdown cell), then status, inputs (a
+    capture parameter's arm and description from its manifest), findings, the gate table, and the
+    code folded under "code" (open with show_code); user text in the summary is escaped."""
+    from workbench.runner.report import capture_inputs, summary_html
+
+    nb = _plotly_nb()
+    nb.cells.insert(0, new_markdown_cell("# Which key diverges first?"))
+    nb.cells.append(new_code_cell("y = 2"))
+    ctl = Path(__file__).resolve().parents[1] / "captures" / "control"
+    inputs = capture_inputs({"control": str(ctl), "layer": 3, "other": "not/a/capture"})
+    assert [(i["parameter"], i["arm"]) for i in inputs] == [("control", "control")]
+    assert inputs[0]["description"].startswith("reference run of the hybrid decoder")
+    summary = summary_html(notebook="notebooks/x.ipynb", status="failed", ipynb="x.ipynb",
+                           parameters={"control": str(ctl), "layer": 3}, inputs=inputs,
+                           findings=[{"text": "layer 3 <qsa> diverges", "data": {}}],
+                           gates=[{"name": "aa_noise", "kind": "regression", "passed": False, "value": 0.5,
+                                   "op": "<=", "threshold": 0.1, "help": "A/A noise"}],
+                           provenance={"commit": "abc123", "workbench": "0.1.0"})
+    page = export_html(nb, tmp_path / "r.html", summary=summary).read_text()
+    assert page.index("Which key diverges first?") < page.index('<section class="wb-summary">') < page.index("Plotly.newPlot")
+    for text in ("layer 3 &lt;qsa&gt; diverges", "<td>aa_noise</td>", "FAILED", "0.5 &lt;= 0.1", "commit abc123",
+                 "<h3>Inputs</h3>", "<h3>Findings</h3>", "<h3>Gates</h3>", 'href="x.ipynb"'):
+        assert text in page, text
+    assert page.count('<details class="wb-code">') == 2  # both code cells folded
+    shown = export_html(nb, tmp_path / "s.html", summary=summary, show_code=True).read_text()
+    assert '<details class="wb-code">' not in shown and '<section class="wb-summary">' in shown
+
+
 def _write(tmp_path, nb, name="n.ipynb"):
     p = tmp_path / name
     nbformat.write(nb, p)

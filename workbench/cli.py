@@ -185,7 +185,7 @@ def cmd_run(args) -> int:
             raise WorkbenchError(f"--out {args.out!r}: {parent} is a file, not a folder", file=parent, key="--out",
                                  fix="pass a folder (it is created if missing)")
     res = run_notebooks(args.notebooks or None, parameters=params, out=args.out,
-                        timeout=args.timeout, html_reports=not args.no_html)
+                        timeout=args.timeout, html_reports=not args.no_html, show_code=args.show_code)
     print(f"\nreports in {res.out}/index.html, gates in {res.out}/results.json")
     failed = [r for r in res.notebooks if r.status != "passed"]
     if failed:
@@ -258,6 +258,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--out", default="reports", help="report folder (default: reports)")
     s.add_argument("--timeout", type=float, default=300, help="seconds allowed to each cell (default 300)")
     s.add_argument("--no-html", action="store_true", help="skip the HTML export")
+    s.add_argument("--show-code", action="store_true",
+                   help="write each report with its code open (default: folded under each cell's \"code\")")
     s.set_defaults(func=cmd_run)
 
     s = sub.add_parser("samples", help="regenerate the bundled sample captures")

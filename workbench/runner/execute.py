@@ -23,7 +23,7 @@ from workbench.errors import NotebookError, NotebookFailure
 from workbench.notebook import FINDING_MIMETYPE, GATE_MIMETYPE, repo_root
 from workbench.runner.kernel import kernel_env
 from workbench.runner.params import _bind, find_notebooks, parse_parameters, read_notebook
-from workbench.runner.report import copy_plotly_js, export_html, write_index
+from workbench.runner.report import capture_inputs, copy_plotly_js, export_html, provenance, summary_html, write_index
 
 __all__ = ["NotebookResult", "RunResult", "run_notebooks"]
 
@@ -163,9 +163,9 @@ def _judge(gates: list[dict], error: NotebookFailure | None, rel: str) -> None:
                               fix="record at least one check with nb.gate(name, value, threshold)")
 
 
-def _export(executed_nb, page: Path, title: str, rel: str) -> Path:
+def _export(executed_nb, page: Path, title: str, rel: str, summary: str | None = None, show_code: bool = False) -> Path:
     try:
-        return export_html(executed_nb, page, title=title)
+        return export_html(executed_nb, page, title=title, summary=summary, show_code=show_code)
     except Exception as e:  # one report that cannot be exported must not lose the others
         page.unlink(missing_ok=True)
         raise NotebookFailure(f"{rel}: HTML export failed: {type(e).__name__}: {e}", notebook=rel,
@@ -173,8 +173,19 @@ def _export(executed_nb, page: Path, title: str, rel: str) -> Path:
                               stage="export") from e
 
 
+def _resolver(root: Path):
+    """A parameter path as the notebooks read it (:func:`workbench.notebook.resolve`): absolute,
+    else from the working directory, else from the repository root."""
+    def resolve(v: str) -> Path:
+        p = Path(os.path.expanduser(v))
+        if p.is_absolute() or (Path.cwd() / p).exists():
+            return p
+        return root / p
+    return resolve
+
+
 def _run_one(path: Path, src_nb, params: dict, *, out: Path, kernel: str, timeout: float, html_reports: bool,
-             rel: str) -> NotebookResult:
+             rel: str, show_code: bool = False, context: dict | None = None) -> NotebookResult:
     dest = out / f"{path.stem}.ipynb"
     t0 = time.perf_counter()
     gates: list[dict] = []
@@ -195,27 +206,36 @@ def _run_one(path: Path, src_nb, params: dict, *, out: Path, kernel: str, timeou
             except NotebookFailure as f:
                 failure = f
     seconds = time.perf_counter() - t0
+    status = _status(failure)
     if html_reports and executed is not None:
+        ctx = context or {}
+        effective = {**{p.name: p.default for p in parse_parameters(src_nb, path=path)}, **params}
+        summary = summary_html(notebook=rel, status=status, ipynb=dest.name, parameters=_jsonable(effective),
+                               inputs=capture_inputs(effective, ctx.get("resolve")), findings=found, gates=gates,
+                               provenance=ctx.get("provenance") or {})
         try:
-            page = _export(executed, out / f"{path.stem}.html", path.stem, rel)
+            page = _export(executed, out / f"{path.stem}.html", path.stem, rel, summary=summary, show_code=show_code)
         except NotebookFailure as f:
             failure = f
-    if failure is None:
-        status = "passed"
-    elif failure.stage == "export" or (failure.stage == "execute" and failure.cell is None):
-        status = "error"  # the run or its report broke, not the notebook's checks
-    else:
-        status = "failed"  # a cell raised or a gate is false
+    status = _status(failure)
     return NotebookResult(notebook=rel, status=status, parameters=_jsonable(params), gates=gates, findings=found,
                           error=None if failure is None else failure.to_dict(),
                           ipynb=dest.name if executed is not None else None,
                           html=page.name if page else None, seconds=round(seconds, 2))
 
 
+def _status(failure: NotebookFailure | None) -> str:
+    if failure is None:
+        return "passed"
+    if failure.stage == "export" or (failure.stage == "execute" and failure.cell is None):
+        return "error"  # the run or its report broke, not the notebook's checks
+    return "failed"  # a cell raised or a gate is false
+
+
 def run_notebooks(notebooks: Sequence[str | os.PathLike] | None = None, *,
                   parameters: Sequence[tuple[str, Any]] | Mapping[str, Any] = (),
                   out: str | os.PathLike = "reports", timeout: float = 300,
-                  html_reports: bool = True, log=print) -> RunResult:
+                  html_reports: bool = True, show_code: bool = False, log=print) -> RunResult:
     """Execute notebooks with papermill and write reports, results.json and index.html to ``out``.
 
     Parameters
@@ -225,7 +245,8 @@ def run_notebooks(notebooks: Sequence[str | os.PathLike] | None = None, *,
         notebook; values in text are converted to the declared type
     out: the report folder (created)
     timeout: seconds allowed to each cell
-    html_reports: also export each executed notebook to offline HTML
+    html_reports: also export each executed notebook to offline HTML (opening with its question,
+        inputs, provenance, findings and gates; code folded unless ``show_code``)
 
     Raises NotebookError / ParameterError before anything runs; failures of a run are reported
     in the result (``.ok``, ``.failures``: one NotebookFailure each), never raised.
@@ -247,8 +268,10 @@ def run_notebooks(notebooks: Sequence[str | os.PathLike] | None = None, *,
 
     out = Path(out).resolve()
     out.mkdir(parents=True, exist_ok=True)
+    context = {}
     if html_reports:
         copy_plotly_js(out)
+        context = {"provenance": provenance(root), "resolve": _resolver(root)}
     results = []
     from workbench.progress import counter
 
@@ -260,7 +283,7 @@ def run_notebooks(notebooks: Sequence[str | os.PathLike] | None = None, *,
                 rel = _rel(p, root)
                 say(f"running {rel} " + " ".join(f"{k}={v!r}" for k, v in bound[p].items()))
                 r = _run_one(p, sources[p], bound[p], out=out, kernel=kernel, timeout=timeout,
-                             html_reports=html_reports, rel=rel)
+                             html_reports=html_reports, rel=rel, show_code=show_code, context=context)
                 say(r.describe())
                 results.append(r)
                 if bar is not None:

@@ -8,13 +8,15 @@ drops; :class:`PlotlyToHTML` turns each such output into a div and a ``Plotly.ne
 from __future__ import annotations
 
 import html
+import json
 import os
 import shutil
 from pathlib import Path
 
 from workbench.runner.params import read_notebook
 
-__all__ = ["PLOTLY_MIMETYPE", "PLOTLY_JS", "PlotlyToHTML", "export_html", "copy_plotly_js", "write_index"]
+__all__ = ["PLOTLY_MIMETYPE", "PLOTLY_JS", "PlotlyToHTML", "export_html", "copy_plotly_js", "write_index",
+           "summary_html", "capture_inputs", "provenance"]
 
 PLOTLY_MIMETYPE = "application/vnd.plotly.v1+json"
 PLOTLY_JS = "plotly.min.js"
@@ -51,6 +53,24 @@ class PlotlyToHTML(_preprocessor_base()):
 
 
 _TEMPLATE = r"""{%- extends 'lab/index.html.j2' -%}
+{#- code folded under "code" unless the report is written with show_code -#}
+{% block input_group -%}
+{%- if cell.cell_type == 'code' and not resources.workbench_show_code -%}
+<details class="wb-code"><summary>code</summary>
+{{ super() }}
+</details>
+{%- else -%}
+{{ super() }}
+{%- endif -%}
+{%- endblock input_group %}
+{#- the report's summary, written (and escaped) by summary_html: verbatim, not bleached -#}
+{% block rawcell scoped -%}
+{%- if cell.metadata.get('workbench_summary') -%}
+{{ cell.source }}
+{%- else -%}
+{{ super() }}
+{%- endif -%}
+{%- endblock rawcell %}
 {#- offline: no require.js (it would capture plotly.js as an AMD module), no MathJax or mermaid from a CDN -#}
 {%- block html_head_js_requirejs -%}{%- endblock html_head_js_requirejs -%}
 {%- block html_head_js_mathjax -%}{%- endblock html_head_js_mathjax -%}
@@ -58,22 +78,128 @@ _TEMPLATE = r"""{%- extends 'lab/index.html.j2' -%}
 {%- block html_head_js -%}
 {{ super() }}
 <script src="{{ resources.plotly_js_url }}"></script>
+<style>
+details.wb-code > summary {cursor: pointer; color: #57606a; font-size: 12px; margin: 2px 0 2px 70px}
+.wb-summary {font-family: sans-serif; font-size: 14px; margin: 8px 0 24px 70px; max-width: 1100px}
+.wb-summary table {border-collapse: collapse; margin: 4px 0 12px 0}
+.wb-summary td, .wb-summary th {border: 1px solid #d0d7de; padding: 3px 8px; text-align: left; vertical-align: top}
+.wb-summary .pass {color: #1a7f37; font-weight: bold} .wb-summary .fail {color: #cf222e; font-weight: bold}
+.wb-summary h3 {margin: 14px 0 4px 0; font-size: 16px}
+</style>
 {%- endblock html_head_js -%}
 """
 
 
+def _cell(v) -> str:
+    return html.escape(v if isinstance(v, str) else json.dumps(v, default=str))
+
+
+def summary_html(*, notebook: str, status: str, ipynb: str | None, parameters: dict, inputs: list[dict],
+                 findings: list[dict], gates: list[dict], provenance: dict) -> str:
+    """The head of a report, for a reviewer who was not there: status, the notebook, what ran on
+    what (inputs: each capture parameter's arm and description; provenance: commit, versions,
+    machine, date), the findings in words and the gate table; every parameter in a fold."""
+    cls = "pass" if status == "passed" else "fail"
+    link = f" (<a href='{html.escape(ipynb)}'>executed notebook</a>)" if ipynb else ""
+    prov = ", ".join(f"{html.escape(k)} {html.escape(str(v))}" for k, v in provenance.items() if v)
+    rows = "".join(f"<tr><td>{html.escape(i['parameter'])}</td><td>{html.escape(i['path'])}</td>"
+                   f"<td>{html.escape(i.get('arm') or '')}</td><td>{html.escape(i.get('description') or '')}</td>"
+                   f"<td>{html.escape(i.get('created') or '')}</td></tr>" for i in inputs)
+    inputs_html = (f"<table><tr><th>parameter</th><th>capture</th><th>arm</th><th>what it is</th><th>recorded</th></tr>"
+                   f"{rows}</table>") if inputs else "<p>no capture among the parameters</p>"
+    found = "".join(f"<li>{html.escape(f['text'])}</li>" for f in findings) or "<li>none recorded</li>"
+    grows = "".join(
+        f"<tr><td>{html.escape(g['name'])}</td><td>{html.escape(g.get('kind', 'regression'))}</td>"
+        f"<td class='{'pass' if g['passed'] else 'fail'}'>{'passed' if g['passed'] else 'FAILED'}</td>"
+        f"<td>{_cell(g['value'])} {html.escape(g['op'])} {_cell(g['threshold'])}</td><td>{html.escape(g.get('help') or '')}</td></tr>"
+        for g in gates)
+    gates_html = (f"<table><tr><th>gate</th><th>kind</th><th>result</th><th>check</th><th>what it protects</th></tr>"
+                  f"{grows}</table>") if gates else "<p>no gate recorded</p>"
+    prows = "".join(f"<tr><td>{html.escape(k)}</td><td>{_cell(v)}</td></tr>" for k, v in parameters.items())
+    return (f"<section class='wb-summary'><p><span class='{cls}'>{html.escape(status)}</span>: "
+            f"{html.escape(notebook)}{link}; {prov}</p>"
+            f"<h3>Inputs</h3>{inputs_html}<h3>Findings</h3><ul>{found}</ul><h3>Gates</h3>{gates_html}"
+            f"<details><summary>all parameters</summary><table>{prows}</table></details>"
+            "<p style='color:#57606a'>The notebook follows; its code is folded under each cell's "
+            "\"code\" (<code>workbench run --show-code</code> writes it open).</p></section>")
+
+
+def capture_inputs(parameters: dict, resolve=None) -> list[dict]:
+    """The parameters that name a capture directory: its arm, description and creation time."""
+    import json as _json
+
+    out = []
+    for k, v in parameters.items():
+        if not isinstance(v, str) or not v:
+            continue
+        p = resolve(v) if resolve else Path(v)
+        man = Path(p) / "manifest.json"
+        if not man.is_file():
+            continue
+        try:
+            m = _json.loads(man.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        run = m.get("run") or {}
+        desc = str(run.get("description") or "")
+        out.append({"parameter": k, "path": v, "arm": str(m.get("arm") or ""),
+                    "description": desc if len(desc) <= 240 else desc[:237] + "...",
+                    "created": str(m.get("created") or "")})
+    return out
+
+
+def provenance(root: Path | None = None) -> dict:
+    """What a reviewer needs to re-run: the commit (dirty or not), versions, machine and date."""
+    import datetime
+    import platform
+    import subprocess
+
+    from workbench import __version__
+
+    commit = ""
+    if root is not None:
+        try:
+            sha = subprocess.run(["git", "-C", str(root), "rev-parse", "--short=12", "HEAD"], capture_output=True,
+                                 text=True, timeout=10).stdout.strip()
+            dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                                   capture_output=True, text=True, timeout=10).stdout.strip()
+            commit = sha + (" (with uncommitted changes)" if sha and dirty else "")
+        except (OSError, subprocess.SubprocessError):
+            commit = ""
+    try:
+        import torch
+        tv = torch.__version__
+    except ImportError:  # pragma: no cover - torch is a dependency
+        tv = ""
+    return {"commit": commit, "workbench": __version__, "python": platform.python_version(), "torch": tv,
+            "on": platform.node(), "at": datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")}
+
+
 def export_html(nb, dest: str | os.PathLike, *, plotly_js_url: str = PLOTLY_JS,
-                title: str | None = None) -> Path:
-    """Write ``nb`` (node or path) as an offline HTML page referencing ``plotly_js_url``."""
+                title: str | None = None, summary: str | None = None, show_code: bool = False) -> Path:
+    """Write ``nb`` (node or path) as an offline HTML page referencing ``plotly_js_url``.
+
+    ``summary``: HTML put after the notebook's first markdown cell (its question), e.g.
+    :func:`summary_html`; ``show_code``: code cells open (default: folded under "code").
+    """
+    import copy
+
     import jinja2
+    import nbformat
     from nbconvert import HTMLExporter
 
     if not hasattr(nb, "cells"):
         nb = read_notebook(nb)
+    if summary:
+        nb = copy.deepcopy(nb)
+        at = next((i + 1 for i, c in enumerate(nb.cells) if c.cell_type == "markdown"), 0)
+        nb.cells.insert(at, nbformat.v4.new_raw_cell(summary, metadata={"raw_mimetype": "text/html",
+                                                                           "workbench_summary": True}))
     exporter = HTMLExporter(template_name="lab", template_file="workbench.html.j2",
                             extra_loaders=[jinja2.DictLoader({"workbench.html.j2": _TEMPLATE})])
     exporter.register_preprocessor(PlotlyToHTML(), enabled=True)
-    resources = {"plotly_js_url": plotly_js_url, "metadata": {"name": title or Path(dest).stem}}
+    resources = {"plotly_js_url": plotly_js_url, "metadata": {"name": title or Path(dest).stem},
+                 "workbench_show_code": bool(show_code)}
     body, _ = exporter.from_notebook_node(nb, resources=resources)
     dest = Path(dest)
     dest.write_text(body, encoding="utf-8")
