@@ -120,3 +120,30 @@ def test_resolve_and_repo_root(tmp_path, monkeypatch):
     monkeypatch.delenv(nb.CWD_ENV)
     monkeypatch.setenv(nb.ROOT_ENV, str(tmp_path))
     assert nb.resolve("work") == tmp_path / "work"  # not in the cwd: the root named by $WORKBENCH_ROOT
+
+
+def test_offline_explorer_holds_every_choice_behind_plotly_dropdown():
+    """explore(interactive=False): one figure with each combination's traces, plotly's dropdown
+    showing one set at a time with that figure's own titles; sliders sampled, too many thinned."""
+    import plotly.graph_objects as go
+
+    from workbench.notebook import offline_explorer
+
+    def fig(metric, op):
+        return go.Figure([go.Scatter(y=[1, 2], name=f"{op} a"), go.Scatter(y=[3, 4], name=f"{op} b")],
+                         layout=dict(title=f"{metric} of {op}", yaxis_title=metric, yaxis_type="log" if metric == "ulp" else None))
+
+    f = offline_explorer(fig, metric=["rel_l2", "ulp"], op=["gdn", "qsa", "mlp"])
+    assert len(f.data) == 12 and [t.visible for t in f.data[:4]] == [True, True, False, False]
+    (menu,) = f.layout.updatemenus
+    labels = [b.label for b in menu.buttons]
+    assert labels[0] == "metric=rel_l2, op=gdn" and len(labels) == 6
+    ulp_qsa = menu.buttons[labels.index("metric=ulp, op=qsa")]
+    vis, patch = ulp_qsa.args
+    assert [i for i, v in enumerate(vis["visible"]) if v] == [8, 9]
+    assert patch["title.text"] == "ulp of qsa" and patch["yaxis.title.text"] == "ulp" and patch["yaxis.type"] == "log"
+    big = offline_explorer(lambda a, b: go.Figure(go.Scatter(y=[a, b])), a=(0, 19, 1), b=(0, 19, 1), max_offline=48)
+    n = len(big.layout.updatemenus[0].buttons)
+    assert n <= 48 and big.layout.meta["of"] == 400
+    assert "0, b=0" in big.layout.updatemenus[0].buttons[0].label and big.layout.updatemenus[0].buttons[-1].label == "a=19, b=19"
+    assert f"({n} of 400 combinations)" in big.layout.title.text

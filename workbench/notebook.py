@@ -37,7 +37,8 @@ from typing import Any
 from workbench.errors import GateError, WorkbenchError
 
 __all__ = ["GATE_MIMETYPE", "FINDING_MIMETYPE", "Gate", "setup", "repo_root", "resolve", "gate", "gates", "resolve_tensor_file",
-           "expect", "expectations", "finding", "findings", "reset_gates", "assert_gates", "show", "explore"]
+           "expect", "expectations", "finding", "findings", "reset_gates", "assert_gates", "show", "explore",
+           "offline_explorer"]
 
 GATE_MIMETYPE = "application/vnd.workbench.gate+json"
 FINDING_MIMETYPE = "application/vnd.workbench.finding+json"
@@ -161,24 +162,115 @@ def show(fig) -> None:
     display(fig)
 
 
-def explore(figure, **controls):
-    """A small widget UI: one control per keyword, redrawing ``figure(**values)`` on every change.
+def explore(figure, *, interactive: bool = True, max_offline: int = 48, **controls):
+    """An explorer: one control per keyword, redrawing ``figure(**values)`` on every change.
 
     ``controls`` are what :func:`ipywidgets.interactive` accepts: a list of choices (dropdown),
-    ``(min, max)`` or ``(min, max, step)`` (slider), a bool (checkbox), or a widget. The figure is
-    displayed in an Output widget, so JupyterLab renders plotly's mimetype there too.
+    ``(min, max)`` or ``(min, max, step)`` (slider), a bool (checkbox).
+
+    ``interactive=True``: an ipywidgets UI (the figure in an Output widget, so JupyterLab renders
+    plotly's mimetype there too). ``interactive=False`` (a headless run, the shared HTML report):
+    one plotly figure holding the figure of every combination of the controls' values, and
+    plotly's own dropdown to switch between them (each switch restores that figure's traces,
+    titles, axes, shapes and annotations), so the explorer works in the offline HTML with no
+    kernel and no widget state. A slider is sampled evenly; when there are more than
+    ``max_offline`` combinations each control's values are thinned evenly (ends kept) and the
+    title says how many are shown. Returns None (it displays; :func:`offline_explorer` returns the
+    figure).
 
     Example
     -------
-    >>> nb.explore(lambda metric: divergence_curves_figure(ds.div.curves(metric=metric)), metric=["rel_l2", "max_abs"])  # doctest: +SKIP
+    >>> nb.explore(lambda metric: divergence_curves_figure(ds.div.curves(metric=metric)),
+    ...            metric=["rel_l2", "max_abs"], interactive=interactive)     # doctest: +SKIP
     """
-    import ipywidgets as W
     from IPython.display import display
 
-    ui = W.interactive(figure, {"auto_display": True}, **controls)
-    ui.add_class("workbench-explorer")
-    display(ui)
-    return ui
+    if interactive:
+        import ipywidgets as W
+
+        ui = W.interactive(figure, {"auto_display": True}, **controls)
+        ui.add_class("workbench-explorer")
+        display(ui)
+        return None  # displayed once: a returned object would be shown again as the cell's value
+    display(offline_explorer(figure, max_offline=max_offline, **controls))
+    return None
+
+
+def _choices(spec) -> list:
+    """The values a control takes offline: a list as is, a bool both ways, a slider sampled."""
+    if isinstance(spec, bool):
+        return [False, True]
+    if isinstance(spec, tuple) and len(spec) in (2, 3) and all(isinstance(v, (int, float)) for v in spec):
+        lo, hi = spec[0], spec[1]
+        step = spec[2] if len(spec) == 3 else (1 if all(isinstance(v, int) for v in spec) else (hi - lo) / 20)
+        n = int(round((hi - lo) / step)) + 1
+        vals = [lo + i * step for i in range(n)]
+        if all(isinstance(v, int) for v in spec):
+            vals = [int(v) for v in vals]
+        else:
+            vals = [round(v, 12) for v in vals]
+        return _thin(vals, 21)
+    if isinstance(spec, dict):
+        return list(spec.values())
+    return list(spec)
+
+
+def _thin(vals: list, n: int) -> list:
+    """At most ``n`` values of ``vals``, evenly spaced, both ends kept."""
+    if len(vals) <= n:
+        return list(vals)
+    if n <= 1:
+        return [vals[0]]
+    idx = sorted({round(i * (len(vals) - 1) / (n - 1)) for i in range(n)})
+    return [vals[i] for i in idx]
+
+
+def offline_explorer(figure, *, max_offline: int = 48, **controls):
+    """The plotly figure of :func:`explore` ``(interactive=False)``: every combination's traces,
+    one visible set at a time, switched by plotly's dropdown (no kernel, no network)."""
+    import itertools
+
+    import plotly.graph_objects as go
+
+    names = list(controls)
+    values = [_choices(controls[k]) for k in names]
+    total = math.prod(len(v) for v in values) if values else 1
+    while math.prod(len(v) for v in values) > max_offline:  # thin the longest control first
+        i = max(range(len(values)), key=lambda j: len(values[j]))
+        values[i] = _thin(values[i], max(1, len(values[i]) - 1))
+    combos = list(itertools.product(*values))
+    figs = [figure(**dict(zip(names, c))) for c in combos]
+    out = go.Figure()
+    spans, layouts = [], []
+    for f in figs:
+        start = len(out.data)
+        out.add_traces(list(f.data))
+        spans.append((start, len(out.data)))
+        layouts.append(f.layout)
+    shown = f" ({len(combos)} of {total} combinations)" if len(combos) < total else ""
+    buttons = []
+    for i, (c, (a, b)) in enumerate(zip(combos, spans)):
+        vis = [a <= j < b for j in range(len(out.data))]
+        lay = layouts[i]
+        title = (lay.title.text or "") if lay.title else ""
+        patch = {"title.text": title + shown, "shapes": [s.to_plotly_json() for s in lay.shapes or []],
+                 "annotations": [x.to_plotly_json() for x in lay.annotations or []]}
+        for ax in ("xaxis", "yaxis"):
+            a_lay = getattr(lay, ax)
+            patch[f"{ax}.title.text"] = a_lay.title.text if a_lay.title else None
+            patch[f"{ax}.type"] = a_lay.type or "-"
+            patch[f"{ax}.autorange"] = True
+        label = ", ".join(f"{k}={v}" for k, v in zip(names, c))
+        buttons.append({"label": label, "method": "update", "args": [{"visible": vis}, patch]})
+    out.update_layout(figs[0].layout)
+    for j, t in enumerate(out.data):
+        t.visible = spans[0][0] <= j < spans[0][1]
+    out.update_layout(buttons[0]["args"][1])
+    out.update_layout(updatemenus=[{"buttons": buttons, "direction": "down", "showactive": True, "x": 0, "xanchor": "left",
+                                    "y": 1.18, "yanchor": "top", "pad": {"r": 4, "t": 4}}],
+                      margin={"t": 110})
+    out.layout.meta = {"workbench_explorer": names, "combinations": len(combos), "of": total}
+    return out
 
 
 # -- gates -----------------------------------------------------------------------------------------

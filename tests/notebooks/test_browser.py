@@ -347,6 +347,15 @@ def test_html_report_renders_offline(suite, browser, tmp_path):
              if n["notebook"].endswith("first_divergence.ipynb")]
     assert page.locator(".workbench-gate[data-passed='true']").count() == len(fd["gates"]) >= 3
     assert page.locator(".workbench-finding").count() == len(fd["findings"]) >= 2
+    # the explorer works offline: plotly's own dropdown switches the figure to another metric
+    explorer = page.locator(".js-plotly-plot", has=page.locator(".updatemenu-header-group")).first
+    explorer.scroll_into_view_if_needed()
+    assert explorer.locator(".ytitle").first.text_content() == "rel_l2"
+    explorer.locator(".updatemenu-header-group").first.click()
+    explorer.locator(".updatemenu-dropdown-button", has_text="metric=max_abs, op=all").first.click()
+    page.wait_for_function(
+        "el => el.querySelector('.ytitle')?.textContent === 'max_abs'", arg=explorer.element_handle(), timeout=BUSY_MS)
+    assert explorer.locator(".scatterlayer .trace").count() >= 4  # a curve per op, drawn in the new metric
     assert not errors, errors
     assert not blocked, f"the offline report asked the network for {blocked}"
     _keep(page, tmp_path, "report_first_divergence.png")
