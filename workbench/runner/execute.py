@@ -173,17 +173,6 @@ def _export(executed_nb, page: Path, title: str, rel: str, summary: str | None =
                               stage="export") from e
 
 
-def _resolver(root: Path):
-    """A parameter path as the notebooks read it (:func:`workbench.notebook.resolve`): absolute,
-    else from the working directory, else from the repository root."""
-    def resolve(v: str) -> Path:
-        p = Path(os.path.expanduser(v))
-        if p.is_absolute() or (Path.cwd() / p).exists():
-            return p
-        return root / p
-    return resolve
-
-
 def _run_one(path: Path, src_nb, params: dict, *, out: Path, kernel: str, timeout: float, html_reports: bool,
              rel: str, show_code: bool = False, context: dict | None = None) -> NotebookResult:
     dest = out / f"{path.stem}.ipynb"
@@ -271,7 +260,9 @@ def run_notebooks(notebooks: Sequence[str | os.PathLike] | None = None, *,
     context = {}
     if html_reports:
         copy_plotly_js(out)
-        context = {"provenance": provenance(root), "resolve": _resolver(root)}
+        from workbench.notebook import resolve  # the notebooks' own reading of a parameter path; the
+        # reports are written inside kernel_env, which sets the root and working directory it reads
+        context = {"provenance": provenance(root), "resolve": resolve}
     results = []
     from workbench.progress import counter
 

@@ -126,8 +126,6 @@ def summary_html(*, notebook: str, status: str, ipynb: str | None, parameters: d
 
 def capture_inputs(parameters: dict, resolve=None) -> list[dict]:
     """The parameters that name a capture directory: its arm, description and creation time."""
-    import json as _json
-
     out = []
     for k, v in parameters.items():
         if not isinstance(v, str) or not v:
@@ -137,7 +135,7 @@ def capture_inputs(parameters: dict, resolve=None) -> list[dict]:
         if not man.is_file():
             continue
         try:
-            m = _json.loads(man.read_text(encoding="utf-8"))
+            m = json.loads(man.read_text(encoding="utf-8"))
         except (OSError, ValueError):
             continue
         run = m.get("run") or {}
