@@ -129,6 +129,38 @@ def test_export_html_is_offline_and_shows_plotly(tmp_path):
         assert cdn not in page
 
 
+def test_pdf_of_a_report_holds_its_text_and_drawn_figures(tmp_path, monkeypatch):
+    # printed by headless Chromium from the offline page: the figure is drawn (its axis titles and
+    # legend are text in the PDF), the markdown is there; without a Chromium, a typed error says how
+    import plotly.graph_objects as go
+    import pypdf
+
+    from workbench.runner.report import copy_plotly_js, export_pdf, find_chromium
+
+    if find_chromium() is None:
+        pytest.skip("no chromium binary (apt-get install chromium, or set WORKBENCH_CHROMIUM)")
+    fig = go.Figure(go.Scatter(x=[1, 2], y=[3, 4], name="candidate curve"))
+    fig.update_layout(title="error per layer", xaxis_title="layer index", yaxis_title="relative L2 error",
+                      showlegend=True)
+    c = new_code_cell("fig")
+    c.outputs = [new_output("display_data", data={PLOTLY_MIMETYPE: fig.to_plotly_json(), "text/plain": "Figure()"})]
+    nb = new_notebook(cells=[new_markdown_cell("# Where do the runs part?"), c])
+    copy_plotly_js(tmp_path)
+    page = export_html(nb, tmp_path / "r.html")
+    pdf = export_pdf(page)
+    assert pdf == tmp_path / "r.pdf" and pdf.read_bytes()[:5] == b"%PDF-"
+    text = " ".join(pg.extract_text() for pg in pypdf.PdfReader(str(pdf)).pages)
+    for words in ("Where do the runs part?", "error per layer", "layer index", "relative L2 error",
+                  "candidate curve"):
+        assert words in text, (words, text[:500])
+    assert [f.name for f in tmp_path.iterdir() if f.name.endswith(".tmp")] == []
+    monkeypatch.setenv("WORKBENCH_CHROMIUM", str(tmp_path / "no-such-browser"))
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(NotebookError, match="no Chromium") as e:
+        export_pdf(page, tmp_path / "again.pdf")
+    assert "apt-get install chromium" in e.value.fix and not (tmp_path / "again.pdf").exists()
+
+
 def test_report_opens_with_a_summary_and_folds_code(tmp_path):
     """The report a reviewer reads: the question (first markdown cell), then status, inputs (a
     capture parameter's arm and description from its manifest), findings, the gate table, and the

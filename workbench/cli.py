@@ -185,7 +185,8 @@ def cmd_run(args) -> int:
             raise WorkbenchError(f"--out {args.out!r}: {parent} is a file, not a folder", file=parent, key="--out",
                                  fix="pass a folder (it is created if missing)")
     res = run_notebooks(args.notebooks or None, parameters=params, out=args.out,
-                        timeout=args.timeout, html_reports=not args.no_html, show_code=args.show_code)
+                        timeout=args.timeout, html_reports=not args.no_html, show_code=args.show_code,
+                        jobs=args.jobs, pdf=args.pdf)
     print(f"\nreports in {res.out}/index.html, gates in {res.out}/results.json")
     failed = [r for r in res.notebooks if r.status != "passed"]
     if failed:
@@ -260,6 +261,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--no-html", action="store_true", help="skip the HTML export")
     s.add_argument("--show-code", action="store_true",
                    help="write each report with its code open (default: folded under each cell's \"code\")")
+    s.add_argument("--pdf", action="store_true",
+                   help="also print each report to <name>.pdf with headless Chromium (for reviews that take files)")
+    s.add_argument("-j", "--jobs", type=int, default=None, metavar="N",
+                   help="notebooks run at once, each in its own kernel (default: the machine's cores, at most 4)")
     s.set_defaults(func=cmd_run)
 
     s = sub.add_parser("samples", help="regenerate the bundled sample captures")

@@ -11,7 +11,7 @@ import nbformat
 import pytest
 
 from workbench.cli import main
-from workbench.runner import PLOTLY_MIMETYPE, parse_parameters
+from workbench.runner import PLOTLY_MIMETYPE, NotebookError, parse_parameters
 
 from .conftest import NOTEBOOKS, ROOT
 
@@ -158,3 +158,44 @@ def test_replay_notebook_replays_the_captured_qsa_decode(tmp_path):
     # fp32 reassociation in the replay flips an fp16 rounding of P in a few cases: most reproduce
     # to fp32 noise, which the finding counts
     assert " cases; worst " in r.findings[0]["text"]
+
+
+def _timing_notebook(folder: Path, stem: str) -> Path:
+    # a notebook that records when it ran (wall clock) and passes one gate
+    nb = nbformat.v4.new_notebook()
+    p = nbformat.v4.new_code_cell('out: str = ""  # where to write the times\nseconds: float = 2.0')
+    p.metadata["tags"] = ["parameters"]
+    nb.cells = [nbformat.v4.new_markdown_cell(f"# {stem}"), p,
+                nbformat.v4.new_code_cell(
+                    "import json, time\nfrom workbench import notebook as nb\nt0 = time.time()\n"
+                    "time.sleep(seconds)\n"
+                    f"open(out + '/{stem}.json', 'w').write(json.dumps([t0, time.time()]))\n"
+                    "nb.gate('ran', 1, 1, op='==')\nnb.assert_gates()")]
+    path = folder / f"{stem}.ipynb"
+    nbformat.write(nb, path)
+    return path
+
+
+def test_jobs_run_notebooks_at_once_and_keep_their_order(tmp_path):
+    from workbench.runner import run_notebooks
+
+    nbs = [_timing_notebook(tmp_path, s) for s in ("c_first", "a_second", "b_third")]
+    times = tmp_path / "times"
+    times.mkdir()
+    res = run_notebooks(nbs, parameters={"out": str(times)}, out=tmp_path / "out", jobs=3, html_reports=False,
+                        log=lambda *a: None)
+    assert res.ok, res.failures
+    assert [Path(r.notebook).stem for r in res.notebooks] == ["c_first", "a_second", "b_third"]
+    spans = [json.loads((times / f"{s}.json").read_text()) for s in ("c_first", "a_second", "b_third")]
+    assert max(s[0] for s in spans) < min(s[1] for s in spans), f"the notebooks did not overlap: {spans}"
+    saved = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert [Path(n["notebook"]).stem for n in saved["notebooks"]] == ["c_first", "a_second", "b_third"]
+    # one at a time when asked: no two runs overlap
+    res = run_notebooks(nbs[:2], parameters={"out": str(times), "seconds": 0.5}, out=tmp_path / "out1", jobs=1,
+                        html_reports=False, log=lambda *a: None)
+    assert res.ok
+    spans = sorted(json.loads((times / f"{s}.json").read_text()) for s in ("c_first", "a_second"))
+    assert spans[0][1] <= spans[1][0]
+    with pytest.raises(NotebookError, match="jobs must be at least 1"):
+        run_notebooks(nbs, out=tmp_path / "out2", jobs=0)
+    assert not (tmp_path / "out2").exists()

@@ -23,9 +23,10 @@ from workbench.errors import NotebookError, NotebookFailure
 from workbench.notebook import FINDING_MIMETYPE, GATE_MIMETYPE, repo_root
 from workbench.runner.kernel import kernel_env
 from workbench.runner.params import _bind, find_notebooks, parse_parameters, read_notebook
-from workbench.runner.report import capture_inputs, copy_plotly_js, export_html, provenance, summary_html, write_index
+from workbench.runner.report import (capture_inputs, copy_plotly_js, export_html, export_pdf, provenance, summary_html,
+                                     write_index)
 
-__all__ = ["NotebookResult", "RunResult", "run_notebooks"]
+__all__ = ["NotebookResult", "RunResult", "default_jobs", "run_notebooks"]
 
 
 @dataclass
@@ -41,6 +42,7 @@ class NotebookResult:
     error: dict | None = None
     ipynb: str | None = None
     html: str | None = None
+    pdf: str | None = None
     seconds: float = 0.0
 
     @property
@@ -113,7 +115,8 @@ def _execute(path: Path, dest: Path, params: dict, kernel: str, timeout: float, 
     from papermill.exceptions import PapermillExecutionError
 
     try:
-        pm.execute_notebook(str(path), str(dest), parameters=params, kernel_name=kernel, cwd=str(path.parent),
+        pm.execute_notebook(str(path), str(dest), parameters=params, kernel_name=kernel, language="python",
+                            cwd=str(path.parent),
                             execution_timeout=timeout, progress_bar=False, log_output=False)
     except PapermillExecutionError:
         pass  # a cell raised: the executed notebook holds the error output, _collect finds it
@@ -173,13 +176,21 @@ def _export(executed_nb, page: Path, title: str, rel: str, summary: str | None =
                               stage="export") from e
 
 
+def _export_pdf(page: Path, rel: str) -> Path:
+    try:
+        return export_pdf(page)
+    except Exception as e:  # the HTML report stands; the PDF is said to be missing
+        raise NotebookFailure(f"{rel}: PDF export failed: {e}", notebook=rel, ename=f"PDF export: {type(e).__name__}",
+                              evalue=str(e), stage="export", fix=getattr(e, "fix", None) or "") from e
+
+
 def _run_one(path: Path, src_nb, params: dict, *, out: Path, kernel: str, timeout: float, html_reports: bool,
-             rel: str, show_code: bool = False, context: dict | None = None) -> NotebookResult:
+             rel: str, show_code: bool = False, pdf: bool = False, context: dict | None = None) -> NotebookResult:
     dest = out / f"{path.stem}.ipynb"
     t0 = time.perf_counter()
     gates: list[dict] = []
     found: list[dict] = []
-    executed = page = None
+    executed = page = printed = None
     failure: NotebookFailure | None = None
     try:
         _execute(path, dest, params, kernel, timeout, rel)
@@ -204,13 +215,16 @@ def _run_one(path: Path, src_nb, params: dict, *, out: Path, kernel: str, timeou
                                provenance=ctx.get("provenance") or {})
         try:
             page = _export(executed, out / f"{path.stem}.html", path.stem, rel, summary=summary, show_code=show_code)
+            if pdf:
+                printed = _export_pdf(page, rel)
         except NotebookFailure as f:
             failure = f
     status = _status(failure)
     return NotebookResult(notebook=rel, status=status, parameters=_jsonable(params), gates=gates, findings=found,
                           error=None if failure is None else failure.to_dict(),
                           ipynb=dest.name if executed is not None else None,
-                          html=page.name if page else None, seconds=round(seconds, 2))
+                          html=page.name if page else None, pdf=printed.name if printed else None,
+                          seconds=round(seconds, 2))
 
 
 def _status(failure: NotebookFailure | None) -> str:
@@ -224,7 +238,8 @@ def _status(failure: NotebookFailure | None) -> str:
 def run_notebooks(notebooks: Sequence[str | os.PathLike] | None = None, *,
                   parameters: Sequence[tuple[str, Any]] | Mapping[str, Any] = (),
                   out: str | os.PathLike = "reports", timeout: float = 300,
-                  html_reports: bool = True, show_code: bool = False, log=print) -> RunResult:
+                  html_reports: bool = True, show_code: bool = False, jobs: int | None = None,
+                  pdf: bool = False, log=print) -> RunResult:
     """Execute notebooks with papermill and write reports, results.json and index.html to ``out``.
 
     Parameters
@@ -236,6 +251,10 @@ def run_notebooks(notebooks: Sequence[str | os.PathLike] | None = None, *,
     timeout: seconds allowed to each cell
     html_reports: also export each executed notebook to offline HTML (opening with its question,
         inputs, provenance, findings and gates; code folded unless ``show_code``)
+    pdf: also print each HTML report to ``<name>.pdf`` with headless Chromium (figures as drawn;
+        :func:`~workbench.runner.report.export_pdf`)
+    jobs: notebooks run at once, each in its own kernel (default: the machine's cores, at most 4);
+        results keep the notebooks' order whatever finishes first
 
     Raises NotebookError / ParameterError before anything runs; failures of a run are reported
     in the result (``.ok``, ``.failures``: one NotebookFailure each), never raised.
@@ -254,6 +273,17 @@ def run_notebooks(notebooks: Sequence[str | os.PathLike] | None = None, *,
     declared = {p: parse_parameters(sources[p], path=p) for p in paths}
     given = list(parameters.items()) if isinstance(parameters, Mapping) else list(parameters)
     bound = _bind(paths, declared, given)
+    if pdf and not html_reports:
+        raise NotebookError("a PDF is printed from the HTML report: pdf needs html_reports", key="--pdf",
+                            fix="drop --no-html (or --pdf)")
+    if pdf:
+        from workbench.runner.report import find_chromium
+        if find_chromium() is None:
+            raise NotebookError("no Chromium to print the PDFs with", key="--pdf",
+                                fix="install it (apt-get install chromium) or set WORKBENCH_CHROMIUM to its path")
+    jobs = default_jobs(len(paths)) if jobs is None else int(jobs)
+    if jobs < 1:
+        raise NotebookError(f"jobs must be at least 1, not {jobs}", key="jobs", fix="pass --jobs 1 or more")
 
     out = Path(out).resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -263,22 +293,30 @@ def run_notebooks(notebooks: Sequence[str | os.PathLike] | None = None, *,
         from workbench.notebook import resolve  # the notebooks' own reading of a parameter path; the
         # reports are written inside kernel_env, which sets the root and working directory it reads
         context = {"provenance": provenance(root), "resolve": resolve}
-    results = []
+    from concurrent.futures import ThreadPoolExecutor
+
     from workbench.progress import counter
 
     bar = counter(desc="notebooks", unit="notebook", total=len(paths)) if len(paths) > 1 and log is print else None
     say = bar.write if bar is not None else log
+
+    def one(p: Path) -> NotebookResult:
+        rel = _rel(p, root)
+        say(f"running {rel} " + " ".join(f"{k}={v!r}" for k, v in bound[p].items()))
+        r = _run_one(p, sources[p], bound[p], out=out, kernel=kernel, timeout=timeout,
+                     html_reports=html_reports, rel=rel, show_code=show_code, pdf=pdf, context=context)
+        say(r.describe())
+        if bar is not None:
+            bar.update(1)
+        return r
+
     try:
         with kernel_env(root) as kernel:
-            for p in paths:
-                rel = _rel(p, root)
-                say(f"running {rel} " + " ".join(f"{k}={v!r}" for k, v in bound[p].items()))
-                r = _run_one(p, sources[p], bound[p], out=out, kernel=kernel, timeout=timeout,
-                             html_reports=html_reports, rel=rel, show_code=show_code, context=context)
-                say(r.describe())
-                results.append(r)
-                if bar is not None:
-                    bar.update(1)
+            if jobs == 1 or len(paths) == 1:
+                results = [one(p) for p in paths]
+            else:  # papermill waits on its kernel: threads suffice, each notebook has its own process
+                with ThreadPoolExecutor(max_workers=min(jobs, len(paths)), thread_name_prefix="notebook") as pool:
+                    results = list(pool.map(one, paths))
     finally:
         if bar is not None:
             bar.close()
@@ -286,6 +324,12 @@ def run_notebooks(notebooks: Sequence[str | os.PathLike] | None = None, *,
     atomic_write_json(out / "results.json", json.loads(json.dumps(res.to_dict(), default=str)), indent=1)
     write_index(res)
     return res
+
+
+def default_jobs(n_notebooks: int) -> int:
+    """Notebooks run at once by default: one per core, at most 4 (each kernel holds its own
+    torch and captures), never more than there are notebooks."""
+    return max(1, min(n_notebooks, os.cpu_count() or 1, 4))
 
 
 def _jsonable(d: dict) -> dict:

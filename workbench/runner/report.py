@@ -85,6 +85,9 @@ details.wb-code > summary {cursor: pointer; color: #57606a; font-size: 12px; mar
 .wb-summary td, .wb-summary th {border: 1px solid #d0d7de; padding: 3px 8px; text-align: left; vertical-align: top}
 .wb-summary .pass {color: #1a7f37; font-weight: bold} .wb-summary .fail {color: #cf222e; font-weight: bold}
 .wb-summary h3 {margin: 14px 0 4px 0; font-size: 16px}
+/* printed (workbench run --pdf): landscape, so that figures drawn at the window's width fit */
+@page {size: A4 landscape; margin: 10mm}
+@media print {.jp-OutputArea-output, .js-plotly-plot {break-inside: avoid}}
 </style>
 {%- endblock html_head_js -%}
 """
@@ -204,6 +207,63 @@ def export_html(nb, dest: str | os.PathLike, *, plotly_js_url: str = PLOTLY_JS,
     return dest
 
 
+CHROMIUM_ENV = "WORKBENCH_CHROMIUM"
+
+
+def find_chromium() -> str | None:
+    """The browser that prints reports: $WORKBENCH_CHROMIUM, else chromium / chromium-browser /
+    google-chrome on PATH."""
+    for c in (os.environ.get(CHROMIUM_ENV), "chromium", "chromium-browser", "google-chrome"):
+        if c and (shutil.which(c) or Path(c).is_file()):
+            return shutil.which(c) or c
+    return None
+
+
+def export_pdf(page: str | os.PathLike, dest: str | os.PathLike | None = None, *, timeout: float = 180) -> Path:
+    """Print an HTML report (``export_html``'s page, next to its plotly.min.js) to PDF with headless
+    Chromium, for reviews that take attachments: figures as drawn on the page (their first state:
+    a dropdown's other choices are not printed), code folded as in the page.
+
+    The PDF is written next to the page as ``<name>.pdf`` (or ``dest``), whole or not at all.
+    Raises NotebookError when no Chromium is found or it does not print.
+    """
+    import subprocess
+    import tempfile
+
+    from workbench.errors import NotebookError
+
+    page = Path(page).resolve()
+    dest = Path(dest) if dest is not None else page.with_suffix(".pdf")
+    browser = find_chromium()
+    if browser is None:
+        raise NotebookError("no Chromium to print the PDF with", file=page, key="--pdf",
+                            fix=f"install it (apt-get install chromium) or set {CHROMIUM_ENV} to its path")
+    fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent)
+    os.close(fd)
+    try:
+        with tempfile.TemporaryDirectory(prefix="workbench-chromium-") as profile:
+            cmd = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+                   f"--user-data-dir={profile}", "--no-pdf-header-footer", "--run-all-compositor-stages-before-draw",
+                   "--virtual-time-budget=30000", f"--print-to-pdf={tmp}", page.as_uri()]
+            r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        head = Path(tmp).read_bytes()[:5] if Path(tmp).exists() else b""
+        if r.returncode != 0 or head != b"%PDF-":
+            raise NotebookError(f"Chromium did not print {page.name} (exit {r.returncode}): "
+                                f"{(r.stderr or '').strip().splitlines()[-1:] or ['no output']}", file=page,
+                                key="--pdf", fix=f"run it by hand: {' '.join(cmd[:-2])} --print-to-pdf=out.pdf "
+                                                 f"{page.as_uri()}")
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # as any file the run writes, not mkstemp's 0600
+        os.replace(tmp, dest)
+    except subprocess.TimeoutExpired as e:
+        raise NotebookError(f"Chromium did not print {page.name} in {timeout:.0f} s", file=page, key="--pdf",
+                            fix="retry on a less loaded machine") from e
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+    return dest
+
+
 def copy_plotly_js(out: Path) -> Path:
     """Ship the installed plotly package's plotly.min.js once into the report folder."""
     import plotly
@@ -231,6 +291,7 @@ def write_index(res) -> Path:
         found = "<br>".join(html.escape(f["text"]) for f in getattr(r, "findings", []))
         link = f"<a href='{html.escape(r.html)}'>{html.escape(r.notebook)}</a>" if r.html else html.escape(r.notebook)
         nb = f" <a href='{html.escape(r.ipynb)}'>.ipynb</a>" if r.ipynb else ""
+        nb += f" <a href='{html.escape(r.pdf)}'>.pdf</a>" if getattr(r, "pdf", None) else ""
         rows.append(f"<tr><td>{link}{nb}</td><td style='color:{color};font-weight:bold'>{r.status}</td>"
                     f"<td>{found}</td><td>{sum(g['passed'] for g in r.gates)}/{len(r.gates)}</td><td>{gate_cells}</td>"
                     f"<td>{err}</td><td>{r.seconds:.1f} s</td></tr>")
