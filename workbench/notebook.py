@@ -266,9 +266,14 @@ def offline_explorer(figure, *, max_offline: int = 48, **controls):
     for j, t in enumerate(out.data):
         t.visible = spans[0][0] <= j < spans[0][1]
     out.update_layout(buttons[0]["args"][1])
+    # the dropdown sits between the title and the plot, clear of subplot titles (about 30 px over
+    # the plot area): its place in paper units follows from the plot area's height in pixels
+    m = out.layout.margin
+    top, bottom = 130, (m.b if m.b is not None else 80)
+    plot_h = max(100, (out.layout.height or 450) - top - bottom)
     out.update_layout(updatemenus=[{"buttons": buttons, "direction": "down", "showactive": True, "x": 0, "xanchor": "left",
-                                    "y": 1.18, "yanchor": "top", "pad": {"r": 4, "t": 4}}],
-                      margin={"t": 110})
+                                    "y": 1 + 34 / plot_h, "yanchor": "bottom", "pad": {"r": 4, "t": 0}}],
+                      margin={"t": top})
     out.layout.meta = {"workbench_explorer": names, "combinations": len(combos), "of": total}
     return out
 

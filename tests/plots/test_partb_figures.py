@@ -13,4 +13,9 @@ def test_state_and_relocation_figures():
     assert len(state_heads_figure(chunked_continuation(q, k, v, gg, b, split=8)).data) == 2
     idx = torch.arange(16, dtype=torch.int32)[None]
     ds = relocation_invariance((torch.randn(1, 2, 8, generator=g), k, v, idx), num_splits=2)
-    assert relocation_figure(ds).data[0].z.shape == (1, 2)
+    fig = relocation_figure(ds)
+    assert fig.data[0].z.shape == (1, 2)
+    # each colour is legended and each cell says what it is
+    assert {t.name for t in fig.data[1:]} == {"bitwise identical under every relocation",
+                                             "differs under some relocation (largest |difference| in the cell)"}
+    assert all(t == "identical" or t.startswith("max |Δ| ") for t in fig.data[0].text.ravel())

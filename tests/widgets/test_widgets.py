@@ -59,7 +59,16 @@ def test_graft_panel_grafts_the_chosen_tensors_and_redraws():
     assert panel.names.value == ("input",)
     ds = panel.run()
     assert "starts in this op" in ds.attrs["verdict"] and "starts in this op" in panel.status.value
-    assert [t.name for t in panel.figure.figure.data] == ["candidate", "grafted"]
+    drawn = panel.figure.figure.data
+    assert [t.name for t in drawn if t.yaxis in (None, "y")] == ["candidate", "grafted"]
+    # keys the graft makes bit-identical are in the strip under the plot, not at a made-up value
+    zero = [t for t in drawn if t.yaxis == "y9"]
+    assert [t.name for t in zero] == ["candidate: bit-identical", "grafted: bit-identical"]
+    for t in zero:  # exactly the keys whose error is 0 (the layers before the fault)
+        v = ds.value.sel(variant=t.legendgroup).values
+        assert list(t.x) == ds.seq.values[v == 0].tolist() and len(t.x) > 0
+    assert all(y is None or y > 0 for t in drawn if t.yaxis in (None, "y") for y in t.y)
+    assert panel.figure.draws == 1
     panel.choose((0, 0, 2, "mlp"), ["output"])
     assert panel.run().attrs["downstream_agrees"] == 1
     with pytest.raises(AnalysisError, match="not one of the ops that differ"):

@@ -132,9 +132,14 @@ class DivergenceAccessor:
         NaN where no key exists. attrs: those of the comparison (first divergence, paths) plus metric, reduce, by,
         ``reduced`` (the key fields reduced over), name, where.
         """
+        by = [by] if isinstance(by, str) else list(by)
+        sub, name = self._subset(metric, by, reduce, name, where)
+        return self._reduce(sub, metric=metric, by=by, name=name, reduce=reduce, where=where)
+
+    def _subset(self, metric: str, by: list, reduce: str, name: str | None, where: dict):
+        """The keys a reduction by ``by`` reads (arguments checked), and the tensor name kept."""
         if metric not in _METRICS:
             raise AnalysisError(f"unknown metric {metric!r}", key="metric", fix=f"use one of {list(_METRICS)}")
-        by = [by] if isinstance(by, str) else list(by)
         bad = [b for b in by if b not in KEY_FIELDS]
         if bad or not by or len(set(by)) != len(by):
             raise AnalysisError(f"by must be distinct key fields among {list(KEY_FIELDS)}, got {by}", key="by",
@@ -151,6 +156,9 @@ class DivergenceAccessor:
                 raise AnalysisError("no compared keys with a layer (all are layer -1)", key="by",
                                     fix="drop 'layer' from by, e.g. by=('op', 'step')")
             sub = sub.isel(key=np.flatnonzero(keep))
+        return sub, name
+
+    def _reduce(self, sub: xr.Dataset, *, metric, by, name, reduce, where) -> xr.Dataset:
         df = sub[[metric, "aa", "threshold", "exceeded", "metric"]].to_dataframe()
         g = df.assign(error=df[metric].astype(float)).groupby(by, sort=True)
         d = g.agg(error=("error", reduce), aa=("aa", "max"), threshold=("threshold", "max"),
@@ -170,9 +178,32 @@ class DivergenceAccessor:
         return out
 
     def heatmap(self, *, metric: str = "rel_l2", name: str | None = "output", reduce: str = "max",
-                **where) -> xr.Dataset:
+                common: bool = True, **where) -> xr.Dataset:
         """``metric`` over (layer, step), reduced over ranks (and ops, unless ``op=`` picks one):
-        :meth:`curves` with ``by=("layer", "step")``."""
-        out = self.curves(metric=metric, by=("layer", "step"), name=name, reduce=reduce, **where)
-        out.attrs.update(analysis="heatmap", op=str(where.get("op", "all")))
+        :meth:`curves` with ``by=("layer", "step")``.
+
+        ``common`` (default): each layer's cells reduce over the same keys, the (rank, op, name)
+        recorded at every step that records the layer; a step recorded in more detail would
+        otherwise stand out for holding more keys, not for its numerics. The keys left out are
+        counted in attrs ``n_left_out`` (``n_keys`` says how many each cell holds)."""
+        sub, name = self._subset(metric, ["layer", "step"], reduce, name, where)
+        n_all = sub.sizes["key"]
+        if common:
+            sub = sub.isel(key=_common_keys(sub))
+        out = self._reduce(sub, metric=metric, by=["layer", "step"], name=name, reduce=reduce, where=where)
+        out.attrs.update(analysis="heatmap", op=str(where.get("op", "all")), common=int(common),
+                         n_left_out=int(n_all - sub.sizes["key"]))
         return out
+
+
+def _common_keys(sub: xr.Dataset) -> np.ndarray:
+    """Indices of the keys whose (rank, op, name) a layer records at every step that records it."""
+    layer, step = sub.layer.to_numpy(), sub.step.to_numpy()
+    ident = list(zip(sub["rank"].to_numpy().tolist(), sub.op.to_numpy().tolist(), sub.name.to_numpy().tolist()))
+    per: dict[tuple[int, int], set] = {}
+    for i, (l, t) in enumerate(zip(layer.tolist(), step.tolist())):
+        per.setdefault((l, t), set()).add(ident[i])
+    keep_by_layer: dict[int, set] = {}
+    for (l, _), ids in per.items():
+        keep_by_layer[l] = ids if l not in keep_by_layer else keep_by_layer[l] & ids
+    return np.array([i for i in range(len(ident)) if ident[i] in keep_by_layer[int(layer[i])]], dtype=int)

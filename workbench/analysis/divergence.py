@@ -188,7 +188,9 @@ def bisect(rerun: Callable[[Mapping[tuple, torch.Tensor]], Capture], control, *,
     -------
     dict: ``origin`` ((rank, step, layer, op) or None), ``how``, ``heals``, ``next`` (the first key
     after the origin that still diverges with its outputs grafted, or None), ``tries`` (each graft:
-    op, replaced names, whether the op then agreed, under which rule), ``verdict`` (a sentence).
+    op, replaced names, whether the op then agreed, under which rule), ``verdict`` (a sentence),
+    ``graft`` (the :func:`graft` Dataset of the origin's outputs taken from the control, for
+    :func:`~workbench.plots.divergence.graft_figure`; None without an origin).
     """
     from workbench.analysis.compare import Rule
 
@@ -246,7 +248,7 @@ def bisect(rerun: Callable[[Mapping[tuple, torch.Tensor]], Capture], control, *,
             if fails(op_key):
                 origin, how = innermost(op_key), "produces other bits from the control's bit-identical inputs"
                 break
-    heals, nxt = None, None
+    heals, nxt, ds = None, None, None
     if origin is not None:
         r, s, l, o = origin
         outs = _names(ctl, origin, "output")
@@ -268,7 +270,7 @@ def bisect(rerun: Callable[[Mapping[tuple, torch.Tensor]], Capture], control, *,
                     f"; with its output taken from the control, {key_text(dict(zip(KEY_FIELDS, nxt)))} still "
                     "diverges: another fault downstream")
     return {"origin": origin, "how": how, "heals": heals, "next": nxt, "first_divergence": fd, "tries": tries,
-            "verdict": verdict}
+            "verdict": verdict, "graft": ds}
 
 
 def _graft_dataset(before: ComparisonResult, after: ComparisonResult) -> xr.Dataset:

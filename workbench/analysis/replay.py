@@ -133,8 +133,8 @@ def replay(capture, *, op: str, backends: Sequence[str] = ("torch",), policies: 
     ``err_oracle`` (relative L2 vs the FP64 oracle on the same inputs), ``err_captured`` (vs the
     captured output), ``captured_err_oracle[case]`` (the captured output vs the oracle),
     ``closer[case, variant]`` (strictly closer to FP64 than the captured output) and
-    ``n_closer[variant]`` (in how many of the N cases). A variant a backend cannot run is NaN
-    and named in attrs ``skipped``.
+    ``n_closer[variant]`` (in how many of the N cases), ``n_run[variant]`` (cases the variant
+    ran). A variant a backend cannot run is NaN, has ``n_run`` 0 and is named in attrs ``skipped``.
 
     Example
     -------
@@ -192,6 +192,7 @@ def replay(capture, *, op: str, backends: Sequence[str] = ("torch",), policies: 
                             "policy": ("variant", [v[2].label() for v in variants])})
     ds["closer"] = ds.err_oracle < ds.captured_err_oracle
     ds["n_closer"] = ds.closer.sum("case")
+    ds["n_run"] = ds.err_oracle.notnull().sum("case")  # 0: the variant was skipped, not "never closer"
     ds.attrs.update(analysis="replay", op=op, output=out, capture=str(cap.path), arm=cap.arm,
                     n_cases=len(cases), metric="relative L2", oracle="the op's 'oracle' backend (fp64) on the same inputs",
                     closer="err_oracle < captured_err_oracle (strictly)", skipped="; ".join(skipped) or "none",
