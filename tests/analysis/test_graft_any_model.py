@@ -104,6 +104,8 @@ def test_bisect_names_where_the_fault_starts(llama_pair):
     ctl = ModelRerun(control, _run, arm="control", **OPTS)({})
     res = bisect(ModelRerun(candidate, _run, arm="candidate", **OPTS), ctl)
     assert res["origin"] == (0, 0, 2, "mlp.down_proj") and res["heals"] is True and res["next"] is None
+    g = res["graft"]  # the origin's outputs from the control: what first_divergence draws offline
+    assert g.attrs["verdict"] and not g.exceeded.sel(variant="grafted").values[g.seq.values > g.attrs["graft_seq"]].any()
     assert "the fault starts in rank 0, step 0, layer 2, mlp.down_proj" in res["verdict"]
     assert res["tries"][0]["agrees"] is False and res["tries"][0]["replaced"] == ["input"]
     two = copy.deepcopy(candidate)
