@@ -26,5 +26,5 @@ def sampling_flips_figure(ds: xr.Dataset) -> go.Figure:
                                  name="given u (red: flips)"))
     fig.update_layout(title=f"draws u that flip the sampled token: total width {ds.attrs['total_width']:.6f} "
                             f"in {ds.attrs['n_intervals']} interval(s), order={ds.attrs['order']}",
-                      xaxis=dict(title="u", range=[0, 1]), barmode="overlay")
+                      xaxis=dict(title="u: the sampler's uniform draw in [0, 1) (inverse-CDF sampling)", range=[0, 1]), barmode="overlay")
     return fig

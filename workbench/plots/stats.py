@@ -8,6 +8,10 @@ import xarray as xr
 __all__ = ["interval_figure"]
 
 
+ESTIMATES = {"rate_diff": "candidate − control success rate (paired; 0 = no difference)",
+             "ratio": "candidate / control time (paired; 1 = no difference)"}
+
+
 def interval_figure(ds: xr.Dataset) -> go.Figure:
     """Estimate and confidence interval of a paired_binary, paired_timing or aa_comparison result,
     with the null (0 or 1) as a line; for aa_comparison the A/A band is shaded.
@@ -37,5 +41,5 @@ def interval_figure(ds: xr.Dataset) -> go.Figure:
     else:
         verdict = "significant" if bool(ds.significant) else "not significant"
     fig.update_layout(title=f"{est}: {verdict} ({int(100 * ds.attrs['confidence'])}% CI, {ds.attrs['ci_method']})",
-                      xaxis_title=est)
+                      xaxis_title=ESTIMATES.get(est, est))
     return fig
