@@ -31,10 +31,11 @@ def interval_figure(ds: xr.Dataset) -> go.Figure:
         x=list(vals), y=names, mode="markers", marker=dict(size=12),
         error_x=dict(type="data", symmetric=False, array=[h - v for h, v in zip(hi, vals)],
                      arrayminus=[v - l for v, l in zip(vals, lo)]), name=est))
-    fig.add_vline(x=float(ds.attrs["null"]), line_dash="dash", annotation_text="null")
+    fig.add_vline(x=float(ds.attrs["null"]), line_dash="dash", annotation_text="no difference")
     if "noise_low" in ds:
-        fig.add_vrect(x0=float(ds.noise_low), x1=float(ds.noise_high), opacity=0.15, line_width=0,
-                      annotation_text="A/A noise")
+        fig.add_vrect(x0=float(ds.noise_low), x1=float(ds.noise_high), fillcolor="rgba(120,120,120,0.35)",
+                      line_width=0, layer="below", annotation_text="A/A noise band",
+                      annotation_position="top right")
         verdict = "beats the A/A noise" if bool(ds.beats_noise) else "does not beat the A/A noise"
     elif "p_value" in ds:
         verdict = f"McNemar exact p = {float(ds.p_value):.4g}"
