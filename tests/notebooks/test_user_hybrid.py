@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from workbench.analysis.stats import tango_paired_ci
+
 from .helpers import gates_by_name, run_one
 from .user_hybrid import BF16_LAYER, PREFILL, write_user_hybrid
 
@@ -83,8 +85,13 @@ def test_paired_stats_reads_outcomes(tmp_path, monkeypatch):
     rows = ["prompt,ctl,cand"] + [f"p{i},{c},{d}" for i, (c, d) in enumerate(
         [("pass", "pass")] * 40 + [("pass", "fail")] * 12 + [("fail", "pass")] * 1 + [("fail", "fail")] * 11)]
     Path("quality.csv").write_text("\n".join(rows) + "\n")
-    r = run_one(tmp_path / "a", "paired_stats", outcomes="quality.csv", control_column="ctl", candidate_column="cand")
+    lo, hi = tango_paired_ci(40, 12, 1, 11)  # a write-up that reported Tango's interval, without saying so
+    r = run_one(tmp_path / "a", "paired_stats", outcomes="quality.csv", control_column="ctl", candidate_column="cand",
+                reported=f"52/64 vs 41/64: [{100 * lo:.4f}, {100 * hi:.4f}] pp", interval="tango")
     assert r.findings[0]["text"].startswith("quality (outcomes of 64 prompts from quality.csv): control 52/64, candidate 41/64")
+    texts = [f["text"] for f in r.findings]
+    assert any(t.startswith("paired intervals on -17.1875 pp (95%): newcombe [") for t in texts), texts
+    assert any("reproduced by tango at 12 control-only vs 1 candidate-only pairs" in t for t in texts), texts
     assert r.status == "failed" and r.error["gates"] == ["no_significant_loss"]  # 12 vs 1 is a real loss
     bad = run_one(tmp_path / "b", "paired_stats", outcomes="quality.csv")  # default column names absent
     assert bad.status == "failed" and "has no column 'control'" in str(bad.error)

@@ -7,15 +7,16 @@ from workbench.analysis.logits import captured_logits, greedy_parity, logit_roun
 from workbench.analysis.sampling import flip_at, sampling_flips, sampling_flips_captures
 from workbench.analysis.splitk import splitk_explain, splitk_findings, splitk_sweep, splitk_sweep_capture
 from workbench.analysis.stats import (
-    aa_comparison, abba_blocks, mcnemar_exact, newcombe_paired_ci, paired_binary, paired_binary_table, paired_timing,
+    aa_comparison, abba_blocks, exact_conditional_paired_ci, match_interval, mcnemar_exact, newcombe_paired_ci,
+    paired_binary, paired_binary_table, paired_intervals, paired_timing, tango_paired_ci, wald_paired_ci,
 )
 
 __all__ += [
     "captured_logits", "greedy_parity", "logit_rounding", "logit_rounding_capture", "logit_ties",
     "flip_at", "sampling_flips", "sampling_flips_captures",
     "splitk_explain", "splitk_findings", "splitk_sweep", "splitk_sweep_capture",
-    "aa_comparison", "abba_blocks", "mcnemar_exact", "newcombe_paired_ci", "paired_binary", "paired_binary_table",
-    "paired_timing",
+    "aa_comparison", "abba_blocks", "exact_conditional_paired_ci", "match_interval", "mcnemar_exact", "newcombe_paired_ci",
+    "paired_binary", "paired_binary_table", "paired_intervals", "paired_timing", "tango_paired_ci", "wald_paired_ci",
 ]
 from workbench.analysis.divergence import bisect, graft, key_of
 from workbench.analysis.relocation import relocation_invariance, relocation_invariance_captures

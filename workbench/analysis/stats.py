@@ -1,9 +1,11 @@
 """Paired statistics: is a difference between two arms more than noise?
 
 - Paired binary outcomes (N cases, pass/fail per arm): discordant counts, the exact McNemar test
-  (two-sided binomial test of the discordant pairs against p = 1/2) and Newcombe's hybrid score
-  interval for the paired difference of proportions (Newcombe 1998, method 10: Wilson score
-  intervals of both proportions combined with the phi correlation of the pairs).
+  (two-sided binomial test of the discordant pairs against p = 1/2) and intervals for the paired
+  difference of proportions: Newcombe's hybrid score interval (1998, methods 10 and 11, without
+  and with continuity correction), Tango's score interval (1998), the exact conditional interval
+  (Clopper-Pearson on the discordant pairs) and Wald for reference; :func:`match_interval` finds
+  which method and table reproduce an interval a write-up reports.
 - Paired timing blocks (ABBA ...): the ratio candidate/control with a confidence interval, either a
   t-interval on the per-block log ratios (the ratio is then a geometric mean of per-block ratios)
   or a percentile bootstrap over blocks of the ratio of means (fixed seed).
@@ -16,6 +18,7 @@ found by bisection on the regularized incomplete beta function (tests check both
 from __future__ import annotations
 
 import math
+import re
 from fractions import Fraction
 from statistics import NormalDist
 from typing import Sequence
@@ -25,7 +28,8 @@ import xarray as xr
 
 from workbench.errors import KernelArgumentError
 
-__all__ = ["mcnemar_exact", "newcombe_paired_ci", "paired_binary", "paired_binary_table", "read_outcomes", "paired_timing",
+__all__ = ["mcnemar_exact", "newcombe_paired_ci", "tango_paired_ci", "exact_conditional_paired_ci", "wald_paired_ci",
+           "PAIRED_CI_METHODS", "paired_intervals", "match_interval", "parse_reported", "describe_match", "paired_binary", "paired_binary_table", "read_outcomes", "paired_timing",
            "abba_blocks", "aa_comparison", "t_quantile"]
 
 
@@ -146,33 +150,279 @@ def _wilson(x: int, n: int, z: float) -> tuple[float, float]:
     return max(0.0, mid - half), min(1.0, mid + half)
 
 
-def newcombe_paired_ci(n11: int, n10: int, n01: int, n00: int, *, confidence: float = 0.95) -> tuple[float, float]:
-    """Newcombe's hybrid score interval (1998, method 10) for p_candidate - p_control, paired.
+def newcombe_paired_ci(n11: int, n10: int, n01: int, n00: int, *, confidence: float = 0.95,
+                       continuity: bool = False) -> tuple[float, float]:
+    """Newcombe's hybrid score interval (1998, paired paper) for p_candidate - p_control.
 
     ``n11``: both pass; ``n10``: control passes, candidate fails; ``n01``: control fails,
-    candidate passes; ``n00``: both fail.
+    candidate passes; ``n00``: both fail. Method 10 (``continuity=False``): the Wilson intervals of
+    both pass rates combined ("square and add") with Newcombe's estimate of their correlation,
+    phi with numerator ``max(n11 n00 - n10 n01 - N/2, 0)`` when the association is positive and
+    ``n11 n00 - n10 n01`` when negative. Method 11 (``continuity=True``): the same with
+    continuity-corrected Wilson intervals (wider, conservative).
 
     Example
     -------
-    >>> lo, hi = newcombe_paired_ci(45, 7, 4, 8)
+    >>> lo, hi = newcombe_paired_ci(47, 5, 2, 10)           # 52/64 -> 49/64
     >>> round(lo, 4), round(hi, 4)
-    (-0.1507, 0.056)
+    (-0.1376, 0.0416)
     """
-    n11, n10, n01, n00 = (_count(k, v) for k, v in (("n11", n11), ("n10", n10), ("n01", n01), ("n00", n00)))
+    n11, n10, n01, n00 = _table(n11, n10, n01, n00)
     n = n11 + n10 + n01 + n00
-    if n == 0:
-        raise KernelArgumentError("the table is empty (no pairs)", key="n11", fix="pass at least one pair")
-    _confidence(confidence)
-    z = NormalDist().inv_cdf(0.5 + confidence / 2)
+    z = _z(confidence)
+    wilson = _wilson_cc if continuity else _wilson
     p1, p2 = (n11 + n01) / n, (n11 + n10) / n  # candidate, control
-    l1, u1 = _wilson(n11 + n01, n, z)
-    l2, u2 = _wilson(n11 + n10, n, z)
+    l1, u1 = wilson(n11 + n01, n, z)
+    l2, u2 = wilson(n11 + n10, n, z)
     den = (n11 + n10) * (n01 + n00) * (n11 + n01) * (n10 + n00)
-    phi = (n11 * n00 - n10 * n01) / math.sqrt(den) if den > 0 else 0.0
+    num = n11 * n00 - n10 * n01
+    # Newcombe's phi: a positive association is shrunk by N/2 (to 0 at most), a negative one is kept
+    num = max(num - n / 2, 0.0) if num >= 0 else num
+    phi = num / math.sqrt(den) if den > 0 else 0.0
     d = p1 - p2
     dl = math.sqrt(max(0.0, (p1 - l1) ** 2 - 2 * phi * (p1 - l1) * (u2 - p2) + (u2 - p2) ** 2))
     du = math.sqrt(max(0.0, (u1 - p1) ** 2 - 2 * phi * (u1 - p1) * (p2 - l2) + (p2 - l2) ** 2))
     return max(-1.0, d - dl), min(1.0, d + du)
+
+
+def _wilson_cc(x: int, n: int, z: float) -> tuple[float, float]:
+    # Wilson's score interval with continuity correction (Newcombe 1998, single proportion, method 4)
+    p = x / n
+    den = 2 * (n + z * z)
+    lo = 0.0 if x == 0 else (2 * n * p + z * z - 1 - z * math.sqrt(max(0.0, z * z - 2 - 1 / n + 4 * p * (n * (1 - p) + 1)))) / den
+    hi = 1.0 if x == n else (2 * n * p + z * z + 1 + z * math.sqrt(max(0.0, z * z + 2 - 1 / n + 4 * p * (n * (1 - p) - 1)))) / den
+    return max(0.0, lo), min(1.0, hi)
+
+
+def _table(n11, n10, n01, n00) -> tuple[int, int, int, int]:
+    t = tuple(_count(k, v) for k, v in (("n11", n11), ("n10", n10), ("n01", n01), ("n00", n00)))
+    if sum(t) == 0:
+        raise KernelArgumentError("the table is empty (no pairs)", key="n11", fix="pass at least one pair")
+    return t
+
+
+def _z(confidence) -> float:
+    _confidence(confidence)
+    return NormalDist().inv_cdf(0.5 + confidence / 2)
+
+
+def _root(f, lo: float, hi: float) -> float:
+    # bisection for a sign change of f on [lo, hi] (f(lo) and f(hi) of opposite signs), to 1e-13
+    flo = f(lo)
+    for _ in range(200):
+        mid = 0.5 * (lo + hi)
+        fm = f(mid)
+        if (fm > 0) == (flo > 0):
+            lo, flo = mid, fm
+        else:
+            hi = mid
+        if hi - lo < 1e-13:
+            break
+    return 0.5 * (lo + hi)
+
+
+def tango_paired_ci(n11: int, n10: int, n01: int, n00: int, *, confidence: float = 0.95) -> tuple[float, float]:
+    """Tango's (1998) score interval for p_candidate - p_control from paired outcomes.
+
+    The limits are the differences d0 at which the score statistic
+    ``(n01 - n10 - N d0) / sqrt(N (2 q + d0 (1 - d0)))`` equals -z and +z, where q is the maximum
+    likelihood estimate of the control-only cell probability under the constraint d = d0 (the root
+    of a quadratic). Unlike Wald-type intervals it is defined when a discordant cell is 0.
+
+    Example
+    -------
+    >>> lo, hi = tango_paired_ci(47, 5, 2, 10)
+    >>> round(lo, 4), round(hi, 4)
+    (-0.1451, 0.0422)
+    """
+    n11, n10, n01, n00 = _table(n11, n10, n01, n00)
+    n = n11 + n10 + n01 + n00
+    z = _z(confidence)
+    x, y = n01, n10  # candidate only, control only
+
+    def score(d0: float) -> float:
+        b = -(x + y) + (2 * n - x + y) * d0
+        c = -y * d0 * (1 - d0)
+        q = (math.sqrt(max(0.0, b * b - 8 * n * c)) - b) / (4 * n)
+        var = n * (2 * q + d0 * (1 - d0))
+        return (x - y - n * d0) / math.sqrt(var) if var > 0 else math.copysign(math.inf, x - y - n * d0)
+
+    est = (x - y) / n
+    eps = 1e-12
+    lo = -1.0 if est <= -1.0 else _root(lambda d: score(d) - z, -1.0 + eps, est)
+    hi = 1.0 if est >= 1.0 else _root(lambda d: score(d) + z, est, 1.0 - eps)
+    return lo, hi
+
+
+def _beta_quantile(q: float, a: float, b: float) -> float:
+    return _root(lambda x: _betainc(a, b, x) - q, 0.0, 1.0)
+
+
+def exact_conditional_paired_ci(n11: int, n10: int, n01: int, n00: int, *,
+                                confidence: float = 0.95) -> tuple[float, float]:
+    """The exact conditional interval for p_candidate - p_control (Newcombe 1998, paired, method 5).
+
+    Given the ``m = n10 + n01`` discordant pairs, the candidate-only count is binomial(m, pi); the
+    Clopper-Pearson interval [pi_L, pi_U] of pi maps to the difference as ``m (2 pi - 1) / N``. With
+    no discordant pair the interval is [0, 0] (the method says nothing then; prefer the score
+    intervals).
+
+    Example
+    -------
+    >>> lo, hi = exact_conditional_paired_ci(47, 5, 2, 10)
+    >>> round(lo, 4), round(hi, 4)
+    (-0.1013, 0.0458)
+    """
+    n11, n10, n01, n00 = _table(n11, n10, n01, n00)
+    n = n11 + n10 + n01 + n00
+    _confidence(confidence)
+    a = 1.0 - confidence
+    m = n10 + n01
+    if m == 0:
+        return 0.0, 0.0
+    pl = 0.0 if n01 == 0 else _beta_quantile(a / 2, n01, m - n01 + 1)
+    pu = 1.0 if n01 == m else _beta_quantile(1 - a / 2, n01 + 1, m - n01)
+    return m * (2 * pl - 1) / n, m * (2 * pu - 1) / n
+
+
+def wald_paired_ci(n11: int, n10: int, n01: int, n00: int, *, confidence: float = 0.95) -> tuple[float, float]:
+    """The simple asymptotic (Wald) interval for p_candidate - p_control, for reference only (it
+    collapses to a point with no discordant pair and overshoots near the bounds).
+
+    Example
+    -------
+    >>> lo, hi = wald_paired_ci(47, 5, 2, 10)
+    >>> round(lo, 4), round(hi, 4)
+    (-0.1271, 0.0333)
+    """
+    n11, n10, n01, n00 = _table(n11, n10, n01, n00)
+    n = n11 + n10 + n01 + n00
+    d = (n01 - n10) / n
+    se = math.sqrt(max(0.0, (n10 + n01) - (n01 - n10) ** 2 / n)) / n
+    h = _z(confidence) * se
+    return max(-1.0, d - h), min(1.0, d + h)
+
+
+PAIRED_CI_METHODS = {
+    "newcombe": ("Newcombe (1998) hybrid score interval, method 10 (Wilson intervals + phi correlation)",
+                 lambda t, c: newcombe_paired_ci(*t, confidence=c)),
+    "newcombe_cc": ("Newcombe (1998) hybrid score interval with continuity correction, method 11",
+                    lambda t, c: newcombe_paired_ci(*t, confidence=c, continuity=True)),
+    "tango": ("Tango (1998) score interval (constrained maximum likelihood)",
+              lambda t, c: tango_paired_ci(*t, confidence=c)),
+    "exact_conditional": ("exact conditional interval (Clopper-Pearson on the discordant pairs, Newcombe 1998 method 5)",
+                          lambda t, c: exact_conditional_paired_ci(*t, confidence=c)),
+    "wald": ("simple asymptotic (Wald) interval, for reference", lambda t, c: wald_paired_ci(*t, confidence=c)),
+}
+
+
+def paired_intervals(n11: int, n10: int, n01: int, n00: int, *, confidence: float = 0.95) -> xr.Dataset:
+    """Every paired interval of :data:`PAIRED_CI_METHODS` for the same table, side by side.
+
+    Returns
+    -------
+    xarray.Dataset along ``interval`` (the method): ``ci_low``, ``ci_high``, ``width``, ``contains_zero``;
+    scalar ``rate_diff``; attrs ``descriptions`` (method -> what it is).
+
+    Example
+    -------
+    >>> ds = paired_intervals(47, 5, 2, 10)
+    >>> ds.interval.values.tolist()
+    ['newcombe', 'newcombe_cc', 'tango', 'exact_conditional', 'wald']
+    """
+    t = _table(n11, n10, n01, n00)
+    _confidence(confidence)
+    rows = [fn(t, confidence) for _, fn in PAIRED_CI_METHODS.values()]
+    lo = np.array([r[0] for r in rows])
+    hi = np.array([r[1] for r in rows])
+    ds = xr.Dataset({"ci_low": ("interval", lo), "ci_high": ("interval", hi), "width": ("interval", hi - lo),
+                     "contains_zero": ("interval", (lo <= 0.0) & (0.0 <= hi)),
+                     "description": ("interval", [v[0] for v in PAIRED_CI_METHODS.values()]),
+                     "rate_diff": (t[2] - t[1]) / sum(t)},
+                    coords={"interval": list(PAIRED_CI_METHODS)})
+    ds.attrs.update(analysis="paired_intervals", confidence=float(confidence), estimate="rate_diff", null=0.0,
+                    ci_method="each standard paired method")
+    return ds
+
+
+_REPORTED = re.compile(
+    r"^\s*(\d+)\s*/\s*(\d+)\s*(?:vs\.?|->|→|to)\s*(\d+)\s*/\s*(\d+)\s*:?\s*"
+    r"\[\s*([-+]?\d*\.?\d+)\s*,\s*([-+]?\d*\.?\d+)\s*\]\s*(pp|%)?\s*$", re.IGNORECASE)
+
+
+def parse_reported(text: str) -> dict:
+    """Read a reported screen and interval, ``"51/64 vs 50/64: [-9.5612, +6.5981] pp"``.
+
+    The first count is the control's passes, the second the candidate's, out of the same N. Limits
+    with ``pp`` or ``%`` are percentage points, else proportions. Returns the keyword arguments of
+    :func:`match_interval` plus ``low``/``high``.
+
+    Example
+    -------
+    >>> parse_reported("51/64 vs 50/64: [-9.5612, +6.5981] pp")["high"]
+    0.065981
+    """
+    m = _REPORTED.match(text or "")
+    if not m:
+        raise KernelArgumentError(f"cannot read the reported interval {text!r}", key="reported",
+                                  fix="write it as 'CONTROL/N vs CANDIDATE/N: [LOW, HIGH] pp', e.g. "
+                                      "'51/64 vs 50/64: [-9.5612, +6.5981] pp' (without pp: proportions)")
+    pc, n1, pk, n2 = (int(m.group(i)) for i in range(1, 5))
+    if n1 != n2:
+        raise KernelArgumentError(f"paired arms must share N, got {n1} and {n2} in {text!r}", key="reported",
+                                  fix="give both pass counts out of the same number of paired cases")
+    scale = 100.0 if m.group(7) else 1.0
+    low, high = float(m.group(5)) / scale, float(m.group(6)) / scale
+    if not low <= high:
+        raise KernelArgumentError(f"the reported interval is reversed in {text!r}", key="reported",
+                                  fix="write the lower limit first")
+    return {"n": n1, "pass_control": pc, "pass_candidate": pk, "low": round(low, 12), "high": round(high, 12)}
+
+
+def match_interval(low: float, high: float, *, n: int, pass_control: int, pass_candidate: int,
+                   confidence: float = 0.95, tol: float = 5e-5) -> xr.Dataset:
+    """Which method and which table reproduce a reported interval?
+
+    A write-up gives the pass counts of both arms and an interval on the difference, but not always
+    the discordant cells. Every 2x2 table with those margins is enumerated (the control-only count
+    runs over all values the margins allow) and every method of :data:`PAIRED_CI_METHODS` applied;
+    ``reproduces`` marks the (table, method) pairs whose limits both lie within ``tol`` of
+    ``low``/``high`` (proportions, so 5e-5 is 0.005 percentage points).
+
+    Returns
+    -------
+    xarray.Dataset over ``table`` x ``interval`` (the method): ``ci_low``, ``ci_high``, ``error`` (the larger of
+    the two limits' distances), ``reproduces``; ``control_only``/``candidate_only``/``both_pass``/
+    ``neither`` per table; scalar ``any_reproduces``.
+    """
+    for k, v in (("n", n), ("pass_control", pass_control), ("pass_candidate", pass_candidate)):
+        _count(k, v)
+    if not (pass_control <= n and pass_candidate <= n):
+        raise KernelArgumentError(f"pass counts {pass_control}, {pass_candidate} exceed n={n}", key="n",
+                                  fix="pass the number of paired cases as n")
+    tables = []
+    for n10 in range(0, n + 1):
+        n11 = pass_control - n10
+        n01 = pass_candidate - n11
+        n00 = n - n11 - n10 - n01
+        if min(n11, n01, n00) >= 0:
+            tables.append((n11, n10, n01, n00))
+    lo = np.full((len(tables), len(PAIRED_CI_METHODS)), np.nan)
+    hi = lo.copy()
+    for i, t in enumerate(tables):
+        for j, (_, fn) in enumerate(PAIRED_CI_METHODS.values()):
+            lo[i, j], hi[i, j] = fn(t, confidence)
+    err = np.maximum(abs(lo - low), abs(hi - high))
+    arr = np.array(tables, dtype=np.int64).reshape(-1, 4)
+    ds = xr.Dataset({"ci_low": (("table", "interval"), lo), "ci_high": (("table", "interval"), hi),
+                     "error": (("table", "interval"), err), "reproduces": (("table", "interval"), err <= tol),
+                     "both_pass": ("table", arr[:, 0]), "control_only": ("table", arr[:, 1]),
+                     "candidate_only": ("table", arr[:, 2]), "neither": ("table", arr[:, 3])},
+                    coords={"table": np.arange(len(tables)), "interval": list(PAIRED_CI_METHODS)})
+    ds["any_reproduces"] = bool(ds.reproduces.any())
+    ds.attrs.update(analysis="match_interval", target=[float(low), float(high)], tol=float(tol),
+                    confidence=float(confidence))
+    return ds
 
 
 def _confidence(confidence):
@@ -182,11 +432,15 @@ def _confidence(confidence):
 
 
 def paired_binary_table(n11: int, n10: int, n01: int, n00: int, *, confidence: float = 0.95,
-                        alpha: float = 0.05) -> xr.Dataset:
+                        alpha: float = 0.05, interval: str = "newcombe") -> xr.Dataset:
     """:func:`paired_binary` from the 2x2 table of pairs (see :func:`newcombe_paired_ci`)."""
-    n11, n10, n01, n00 = (_count(k, v) for k, v in (("n11", n11), ("n10", n10), ("n01", n01), ("n00", n00)))
+    n11, n10, n01, n00 = _table(n11, n10, n01, n00)
     n = n11 + n10 + n01 + n00
-    lo, hi = newcombe_paired_ci(n11, n10, n01, n00, confidence=confidence)
+    if interval not in PAIRED_CI_METHODS:
+        raise KernelArgumentError(f"unknown interval {interval!r}", key="interval",
+                                  fix=f"pass one of {', '.join(PAIRED_CI_METHODS)}")
+    _confidence(confidence)
+    lo, hi = PAIRED_CI_METHODS[interval][1]((n11, n10, n01, n00), confidence)
     p = mcnemar_exact(n10, n01)
     ds = xr.Dataset(
         {
@@ -203,12 +457,12 @@ def paired_binary_table(n11: int, n10: int, n01: int, n00: int, *, confidence: f
     ds.attrs.update(analysis="paired_binary", kind="binary", estimate="rate_diff", null=0.0, confidence=float(confidence),
                     alpha=float(alpha),
                     test="exact McNemar: two-sided binomial test of control_only vs candidate_only pairs, p = 1/2",
-                    ci_method="Newcombe (1998) hybrid score interval, method 10 (Wilson intervals + phi correlation)")
+                    ci_method=PAIRED_CI_METHODS[interval][0], interval=interval)
     return ds
 
 
 def paired_binary(control: Sequence[bool], candidate: Sequence[bool], *, confidence: float = 0.95,
-                  alpha: float = 0.05) -> xr.Dataset:
+                  alpha: float = 0.05, interval: str = "newcombe") -> xr.Dataset:
     """Paired pass/fail outcomes of two arms on the same N cases.
 
     Parameters
@@ -216,30 +470,48 @@ def paired_binary(control: Sequence[bool], candidate: Sequence[bool], *, confide
     control, candidate: ``[N]`` bool (or 0/1), case i of both arms is one pair
     confidence: level of the interval on the difference in pass rates
     alpha: significance level of the McNemar test (``significant = p_value < alpha``)
+    interval: the method of ``ci_low``/``ci_high``, a key of :data:`PAIRED_CI_METHODS`
 
     Returns
     -------
     xarray.Dataset: ``table[control, candidate]`` (pass/fail counts of the pairs), ``n``,
     ``pass_*``, ``rate_*``, ``control_only`` / ``candidate_only`` (discordant counts), ``rate_diff``
-    (candidate - control rate), ``ci_low``/``ci_high`` (Newcombe), ``p_value`` (exact McNemar),
+    (candidate - control rate), ``ci_low``/``ci_high`` (``interval``), ``p_value`` (exact McNemar),
     ``significant``; ``outcome[case, arm]``.
 
     Example
     -------
-    >>> a = [1] * 45 + [1] * 7 + [0] * 4 + [0] * 8          # 52/64 pass
-    >>> b = [1] * 45 + [0] * 7 + [1] * 4 + [0] * 8          # 49/64 pass
+    >>> a = [1] * 47 + [1] * 5 + [0] * 2 + [0] * 10         # 52/64 pass
+    >>> b = [1] * 47 + [0] * 5 + [1] * 2 + [0] * 10         # 49/64 pass
     >>> ds = paired_binary(a, b)
-    >>> int(ds.control_only), int(ds.candidate_only), round(float(ds.p_value), 4)
-    (7, 4, 0.5488)
+    >>> int(ds.control_only), int(ds.candidate_only), round(float(ds.p_value), 6)
+    (5, 2, 0.453125)
     """
     a, b = _bools("control", control), _bools("candidate", candidate)
     if a.shape != b.shape:
         raise KernelArgumentError(f"control and candidate must pair up case by case: {a.shape[0]} vs {b.shape[0]} "
                                   "outcomes", key="candidate", fix="pass one outcome per case for both arms")
     ds = paired_binary_table(int((a & b).sum()), int((a & ~b).sum()), int((~a & b).sum()), int((~a & ~b).sum()),
-                             confidence=confidence, alpha=alpha)
+                             confidence=confidence, alpha=alpha, interval=interval)
     return ds.assign(outcome=(("case", "arm"), np.stack([a, b], -1))).assign_coords(
         case=np.arange(a.shape[0]), arm=["control", "candidate"])
+
+
+def describe_match(m: xr.Dataset) -> str:
+    """A sentence on a :func:`match_interval` result: which methods and tables reproduce the
+    reported interval, or how far the nearest one is."""
+    lo_t, hi_t = m.attrs["target"]
+    head = (f"reported [{100 * lo_t:+.4f}, {100 * hi_t:+.4f}] pp ({int(100 * m.attrs['confidence'])}%): ")
+    err = m.error.values
+    if bool(m.any_reproduces):
+        hits = [f"{m.interval.values[j]} at {int(m.control_only[i])} control-only vs {int(m.candidate_only[i])} "
+                f"candidate-only pairs" for i, j in zip(*np.nonzero(m.reproduces.values))]
+        return head + "reproduced by " + "; ".join(hits)
+    i, j = np.unravel_index(int(np.nanargmin(err)), err.shape)
+    return (head + f"no method of {m.sizes['interval']} reproduces it on any of the {m.sizes['table']} tables with "
+            f"those margins (within {100 * m.attrs['tol']:.3g} pp); nearest: {m.interval.values[j]} at "
+            f"{int(m.control_only[i])} vs {int(m.candidate_only[i])} discordant pairs, "
+            f"[{100 * float(m.ci_low[i, j]):+.4f}, {100 * float(m.ci_high[i, j]):+.4f}] pp, {100 * err[i, j]:.3f} pp off")
 
 
 _TRUE = {"1", "true", "pass", "passed", "yes", "y", "t", "ok", "correct"}

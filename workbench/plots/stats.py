@@ -13,8 +13,9 @@ ESTIMATES = {"rate_diff": "candidate − control success rate (paired; 0 = no di
 
 
 def interval_figure(ds: xr.Dataset) -> go.Figure:
-    """Estimate and confidence interval of a paired_binary, paired_timing or aa_comparison result,
-    with the null (0 or 1) as a line; for aa_comparison the A/A band is shaded.
+    """Estimate and confidence interval of a paired_binary, paired_timing, paired_intervals (one row
+    per method) or aa_comparison result, with the null (0 or 1) as a line; for aa_comparison the A/A
+    band is shaded.
 
     Example
     -------
@@ -24,6 +25,9 @@ def interval_figure(ds: xr.Dataset) -> go.Figure:
     if "comparison" in ds.dims:
         names = [str(c) for c in ds.comparison.values]
         vals, lo, hi = ds.estimate.values, ds.ci_low.values, ds.ci_high.values
+    elif "interval" in ds.dims:
+        names = [str(c) for c in ds.interval.values]
+        vals, lo, hi = [float(ds[est])] * len(names), ds.ci_low.values, ds.ci_high.values
     else:
         names = [ds.attrs["analysis"]]
         vals, lo, hi = [float(ds[est])], [float(ds.ci_low)], [float(ds.ci_high)]
@@ -37,6 +41,9 @@ def interval_figure(ds: xr.Dataset) -> go.Figure:
                       line_width=0, layer="below", annotation_text="A/A noise band",
                       annotation_position="top right")
         verdict = "beats the A/A noise" if bool(ds.beats_noise) else "does not beat the A/A noise"
+    elif "contains_zero" in ds:
+        k = int(ds.contains_zero.sum())
+        verdict = f"{k} of {ds.sizes['interval']} intervals contain no difference"
     elif "p_value" in ds:
         verdict = f"McNemar exact p = {float(ds.p_value):.4g}"
     else:
