@@ -57,8 +57,8 @@ def test_sampling_flips_finds_the_step_and_the_flip(user_lm, tmp_path, monkeypat
     monkeypatch.chdir(user_lm)
     r = run_one(tmp_path / "a", "sampling_flips", control="sg-control", candidate="sg-candidate",
              max_flip_probability=1e-4)
-    cap = r.findings[1]
-    assert cap["data"]["step"] == TIE_STEP and f"flips token {LOW} -> {HIGH}" in cap["text"]
+    cap = r.findings[0]
+    assert cap["data"]["step"] == TIE_STEP and f"draws {LOW} under control and {HIGH} under candidate" in cap["text"]
     assert r.status == "failed" and r.error["gates"] == ["max_flip_probability"]  # the regression gate bites
     assert gates_by_name(r)["captured_width_ge_tv"]["passed"]
 

@@ -16,10 +16,10 @@ import numpy as np
 import torch
 import xarray as xr
 
-from workbench.errors import AnalysisError, KernelArgumentError, KeyNotFoundError
+from workbench.errors import AnalysisError, CaptureError, KernelArgumentError, KeyNotFoundError
 from workbench.kernels.sampling import draw_intervals
 
-__all__ = ["sampling_flips", "sampling_flips_captures", "flip_at"]
+__all__ = ["sampling_flips", "sampling_flips_captures", "flip_at", "read_vocab", "token_label"]
 
 
 def _probs(name, p) -> torch.Tensor:
@@ -56,7 +56,8 @@ def sampling_flips(p_control, p_candidate, *, order="index", u=None, eps: float 
     Returns
     -------
     xarray.Dataset along ``interval`` (the maximal flip intervals, ``[lo, hi)``, in u order):
-    ``lo``, ``hi``, ``width``, ``token_control``, ``token_candidate``; attr ``total_width``
+    ``lo``, ``hi``, ``width``, ``token_control``, ``token_candidate``; along ``flip_token`` (every
+    token of a flip interval) ``p_control`` and ``p_candidate``; attr ``total_width``
     (the flip probability under a shared u) and ``n_intervals``. With ``u``: along ``draw``,
     ``u``, ``token_control_at_u``, ``token_candidate_at_u``, ``flipped_at_u``.
 
@@ -100,6 +101,12 @@ def sampling_flips(p_control, p_candidate, *, order="index", u=None, eps: float 
          "token_control": ("interval", ka.astype(np.int64)), "token_candidate": ("interval", kb.astype(np.int64))},
         coords={"interval": np.arange(len(lo))},
     )
+    # the tokens a shared draw can move between, with both arms' probabilities
+    ft = np.unique(np.concatenate([ka, kb])).astype(np.int64)
+    na, nb = float(pa.double().sum()), float(pb.double().sum())
+    ds = ds.assign_coords(flip_token=("flip_token", ft)).assign(
+        p_control=("flip_token", (pa.double()[torch.as_tensor(ft)] / na).numpy() if len(ft) else np.zeros(0)),
+        p_candidate=("flip_token", (pb.double()[torch.as_tensor(ft)] / nb).numpy() if len(ft) else np.zeros(0)))
     if u is not None:
         uu = np.atleast_1d(np.asarray(u, dtype=np.float64))
         a, b = flip_at(pa, pb, uu, order=order)
@@ -139,7 +146,8 @@ def flip_at(p_control, p_candidate, u, *, order="index") -> tuple[np.ndarray, np
 
 
 def sampling_flips_captures(control, candidate, *, logits: str | None = None, tokens: str | None = None,
-                            step: int | None = None, temperature: float = 1.0, order="index") -> xr.Dataset:
+                            step: int | None = None, temperature: float = 1.0, order="index",
+                            vocab: dict[int, str] | str | None = None) -> xr.Dataset:
     """:func:`sampling_flips` of two captures' logits at one step, chosen from the tensors.
 
     The logits are detected per arm (:func:`workbench.analysis.tokens.find_logits`) unless
@@ -153,7 +161,8 @@ def sampling_flips_captures(control, candidate, *, logits: str | None = None, to
     -------
     the :func:`sampling_flips` Dataset of that step, plus along ``step`` (the compared steps)
     ``tv_by_step`` and ``width_by_step``; attrs ``step``, ``step_reason``, ``tv`` (total
-    variation at that step), ``first_differing_step``, ``logits`` and ``sentence``.
+    variation at that step), ``first_differing_step``, ``logits`` and ``sentence`` (tokens named
+    from ``vocab``: a mapping id -> text or a tokenizer file for :func:`read_vocab`).
     """
     from workbench.analysis.logits import _arm_logits, _open
     from workbench.analysis.tokens import token_agreement
@@ -190,14 +199,93 @@ def sampling_flips_captures(control, candidate, *, logits: str | None = None, to
               for s in compared]
     ds = ds.assign_coords(step=("step", compared)).assign(tv_by_step=("step", tv), width_by_step=("step", widths))
     i = compared.index(at)
-    big = ds.isel(interval=int(np.argmax(ds.width.values))) if ds.sizes["interval"] else None
+    names = read_vocab(vocab) if isinstance(vocab, (str, bytes)) or hasattr(vocab, "__fspath__") else vocab
     sentence = (f"step {at}: a shared draw u samples different tokens with probability {ds.attrs['total_width']:.6g} "
                 f"({ds.attrs['n_intervals']} interval(s); total variation {tv[i]:.6g})")
-    if big is not None:
-        sentence += (f"; the widest, [{float(big.lo):.6g}, {float(big.hi):.6g}), flips token {int(big.token_control)} "
-                     f"-> {int(big.token_candidate)}")
+    if ds.sizes["interval"]:
+        big = ds.isel(interval=int(np.argmax(ds.width.values)))
+        a, b = int(big.token_control), int(big.token_candidate)
+        pc, pk = ds.p_control.sel(flip_token=[a, b]).values, ds.p_candidate.sel(flip_token=[a, b]).values
+        sentence += (f"; the widest, u in [{float(big.lo):.6f}, {float(big.hi):.6f}), draws {token_label(a, names)} "
+                     f"under control and {token_label(b, names)} under candidate: {token_label(b, names)} "
+                     f"{pc[1]:.6f} -> {pk[1]:.6f}, {token_label(a, names)} {pc[0]:.6f} -> {pk[0]:.6f}")
     sentence += f" ({reason}; {len(compared)} step(s) compared)"
+    if names:
+        ds = ds.assign(token_text=("flip_token", [names.get(int(t), "") for t in ds.flip_token.values]))
     ds.attrs.update(step=int(at), step_reason=reason, tv=float(tv[i]), first_differing_step=int(first),
                     logits={"control": "/".join(sa), "candidate": "/".join(sb)}, temperature=float(temperature),
                     sentence=sentence, max_width=float(max(widths)))
     return ds
+
+
+def _byte_decoder() -> dict[str, int]:
+    # the printable stand-ins byte-level BPE vocabularies use for the 256 bytes, inverted
+    keep = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAC + 1)) + list(range(0xAE, 0xFF + 1))
+    chars, extra = {}, 0
+    for b in range(256):
+        if b in keep:
+            chars[chr(b)] = b
+        else:
+            chars[chr(256 + extra)] = b
+            extra += 1
+    return chars
+
+
+def read_vocab(path) -> dict[int, str]:
+    """Token id -> text from a tokenizer file: Hugging Face ``tokenizer.json`` (its model vocab and
+    added tokens; byte-level stand-ins such as ``Ċ`` decoded to the bytes they mean), a
+    ``vocab.json`` mapping text -> id, a JSON list, or a text file with one token per line.
+
+    Example
+    -------
+    >>> read_vocab("tokenizer.json")[198]                                   # doctest: +SKIP
+    '\\n'
+    """
+    import json
+    from pathlib import Path
+
+    p = Path(path)
+    if p.is_dir():
+        for cand in ("tokenizer.json", "vocab.json", "vocab.txt"):
+            if (p / cand).is_file():
+                p = p / cand
+                break
+    if not p.is_file():
+        raise KernelArgumentError(f"no tokenizer file at {path}", key="tokenizer",
+                                  fix="pass a tokenizer.json, vocab.json or vocab.txt (or the folder holding one)")
+    text = p.read_text(encoding="utf-8")
+    if p.suffix != ".json":
+        return {i: t for i, t in enumerate(text.splitlines())}
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise CaptureError(f"{p}: not valid JSON ({e})", file=p, key="tokenizer",
+                                 fix="pass the tokenizer.json or vocab.json the model was served with") from None
+    byte_level = False
+    if isinstance(data, dict) and isinstance(data.get("model"), dict):
+        byte_level = "ByteLevel" in json.dumps(data.get("decoder") or data.get("pre_tokenizer") or {})
+        vocab = data["model"].get("vocab", {})
+        if isinstance(vocab, list):  # unigram: [[piece, score], ...]
+            out = {i: str(v[0]) for i, v in enumerate(vocab)}
+        else:
+            out = {int(i): str(t) for t, i in vocab.items()}
+        if byte_level:
+            dec = _byte_decoder()
+            out = {i: (bytes(dec[c] for c in t).decode("utf-8", "replace") if all(c in dec for c in t) else t)
+                   for i, t in out.items()}
+        for a in data.get("added_tokens") or []:
+            out[int(a["id"])] = str(a["content"])
+        return out
+    if isinstance(data, dict):
+        return {int(i): str(t) for t, i in data.items()}
+    if isinstance(data, list):
+        return {i: str(t) for i, t in enumerate(data)}
+    raise CaptureError(f"{p}: expected a tokenizer.json, a text -> id mapping or a list", file=p,
+                             key="tokenizer", fix="pass the tokenizer.json or vocab.json the model was served with")
+
+
+def token_label(token: int, vocab: dict[int, str] | None = None) -> str:
+    """``'\\n' (198)`` with a vocabulary, else ``198``."""
+    if vocab and int(token) in vocab:
+        return f"{vocab[int(token)]!r} ({int(token)})"
+    return str(int(token))
