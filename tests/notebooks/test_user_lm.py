@@ -96,3 +96,19 @@ def test_layouts_on_a_recorded_hf_model(user_lm, tmp_path, monkeypatch):
     assert f"tokens differ from step {TIE_STEP} on" in texts[0]
     assert texts[1].startswith("control-repeat against control (rows by step): no divergence"), texts
     assert len(texts) == 2  # nothing to replay: said in the report, no finding invented
+
+
+def test_trajectories_on_an_hf_model_from_its_config(tmp_path, monkeypatch):
+    from transformers import LlamaConfig
+
+    monkeypatch.chdir(tmp_path)
+    LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, max_position_embeddings=64).save_pretrained(tmp_path / "tiny")
+    r = run_one(tmp_path / "a", "trajectories", control="", model="hf:tiny/config.json",
+                candidate_change="model.layers.1.mlp.down_proj", n_prompts=5, steps=4, expect_within_noise=False)
+    assert r.status == "passed", r.describe()
+    f = r.findings[0]
+    assert f["text"].startswith("model (LlamaForCausalLM from ") and "tiny/config.json" in f["text"]
+    assert "5 fixed trajectories" in f["text"]
+    assert f["data"]["within_noise"] is False and f["data"]["candidate_mean_abs"] > f["data"]["aa_mean_abs"]
+    assert set(gates_by_name(r)) == {"model_nll_finite", "model_within_noise"}

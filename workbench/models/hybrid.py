@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+import numpy as np
 import torch
 
 from workbench.errors import GraftError, WorkbenchError
@@ -538,8 +539,10 @@ class HybridDecoder:
         return self._all_reduce(parts)
 
     # -- a step -----------------------------------------------------------------------------------
-    def forward(self, tokens: torch.Tensor, arm: ArmConfig, cache: dict, tape: _Tape) -> torch.Tensor:
-        """One step over ``tokens`` ``[T]``; returns the sampled token ``[1]`` int64."""
+    def forward(self, tokens: torch.Tensor, arm: ArmConfig, cache: dict, tape: _Tape,
+                logits_out: list | None = None) -> torch.Tensor:
+        """One step over ``tokens`` ``[T]``; returns the sampled token ``[1]`` int64 (and appends the
+        materialized logits ``[1, V]`` to ``logits_out`` when given)."""
         c, W = self.config, self.weights
         x = W["embed"][tokens]
         for i in range(c.n_layers):
@@ -560,6 +563,8 @@ class HybridDecoder:
         logits = gemm.splitk_matmul(h, W["lm_head"], policy=pol, backend=arm.backend("lm_head"),
                                     out_dtype="fp32").to(_torch_dtype(pol.logits_dtype))
         tape.add(logits, rank=0, layer=-1, op="lm_head", name="logits")
+        if logits_out is not None:
+            logits_out.append(logits)
         if arm.sampler == "greedy":
             tok = sampling.greedy(logits)
         else:
@@ -608,6 +613,34 @@ class HybridDecoder:
                     out.append(int(tok))
                 tokens = tok.reshape(1)
         return out
+
+
+    def score(self, prompt: torch.Tensor, continuation, *, arm: ArmConfig) -> np.ndarray:
+        """Teacher-forced negative log-likelihood (nats) of each token of ``continuation`` under
+        ``arm``: the prompt is prefilled (in chunks with ``arm.prefill_chunk``), then the
+        continuation's tokens are fed one decode step each whatever the arm would have sampled; the
+        NLL is the FP64 log-softmax of the logits the arm materializes (``lm_head.logits_dtype``).
+
+        Returns ``[len(continuation)]`` float64.
+        """
+        cont = [int(t) for t in continuation]
+        if not cont:
+            return np.zeros(0)
+        tape = _Tape(None, RecordSpec())
+        cache: dict = {}
+        T = int(prompt.shape[0])
+        c = arm.prefill_chunk or T
+        calls = [prompt[a:a + c] for a in range(0, T, c)] + [torch.tensor([t]) for t in cont[:-1]]
+        logits: list = []
+        with torch.no_grad():
+            for step, toks in enumerate(calls):
+                tape.step = step
+                tape.draw = step - (len(calls) - len(cont) + 1) + 1
+                tape.rows = None
+                self.forward(toks, arm, cache, tape, logits_out=logits)
+        rows = torch.cat(logits[-len(cont):]).double()
+        lp = torch.log_softmax(rows, -1)
+        return (-lp[torch.arange(len(cont)), torch.tensor(cont)]).numpy()
 
 
 def _torch_dtype(name: str) -> torch.dtype:

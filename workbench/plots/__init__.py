@@ -15,3 +15,6 @@ from workbench.plots.state import state_drift_figure, state_heads_figure
 
 __all__ += ["divergence_curves_figure", "divergence_heatmap_figure", "graft_figure", "relocation_figure",
             "counterfactuals_figure", "replay_figure", "sharding_figure", "state_drift_figure", "state_heads_figure"]
+from workbench.plots.trajectory import trajectory_figure
+
+__all__ += ["trajectory_figure"]
