@@ -18,3 +18,6 @@ __all__ += ["divergence_curves_figure", "divergence_heatmap_figure", "graft_figu
 from workbench.plots.trajectory import trajectory_figure
 
 __all__ += ["trajectory_figure"]
+from workbench.plots.regret import regret_figure
+
+__all__ += ["regret_figure"]
