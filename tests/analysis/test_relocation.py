@@ -54,3 +54,29 @@ def test_captured_decode_inputs_need_every_selected_position(tmp_path):
     assert torch.equal(k[0, 12], cap.get(op="attn", name="k", step=1)[0])
     with pytest.raises(AnalysisError, match="k/v recorded for some positions only"):
         captured_decode_inputs(Path(__file__).resolve().parents[2] / "captures" / "control", op="qsa")
+
+
+def test_model_level_story_first_divergence_growth_and_restoration():
+    from workbench.analysis.relocation import describe_relocation_model, relocation_model
+    from workbench.models.hybrid import ArmConfig, HybridConfig, HybridDecoder
+    from workbench.numerics.policy import Policy
+
+    model = HybridDecoder(HybridConfig(n_layers=6, vocab=128))
+    prompt = model.prompt(24)
+    ds = relocation_model(model, prompt, arm=ArmConfig(name="r", tp=2, qsa=Policy(num_kv_splits=2)), steps=1,
+                          n_relocations=3)
+    phys, log = ds.sel(order="physical"), ds.sel(order="logical")
+    # canonical (logical) order: every relocation bitwise identical in every tensor, both ranks, the log-probs
+    assert (log.first_key.values == "").all() and log.hidden_bitwise.all() and log.logprob_bitwise.all()
+    assert (log.ranks_bitwise.values == 2).all() and (log.growth.values == 0).all()
+    # physical order: the first QSA layer (3) parts first, with its inputs bitwise equal
+    for k in phys.first_key.values:
+        assert k.startswith("rank=0 step=0 layer=3 op=qsa"), k
+    assert (phys.qsa_inputs_equal.values == 1.0).all() and not phys.hidden_bitwise.any()
+    # layers before the QSA layer are untouched; after it the difference is there and reaches the final hidden state
+    g = phys.growth.values
+    assert (g[:, :3] == 0).all() and (g[:, 3:] > 0).all()
+    assert (phys.hidden_rel_l2.values > 0).all()
+    text = describe_relocation_model(ds)
+    assert text[1].startswith("logical page order: 3 of 3 relocations bitwise identical")
+    assert "with that QSA layer's inputs bitwise equal in 3/3" in text[0]

@@ -8,12 +8,12 @@ from workbench.plots.stats import interval_figure
 __all__ = ["greedy_parity_figure", "logit_rounding_figure", "sampling_flips_figure", "splitk_grid_figure",
            "interval_figure"]
 from workbench.plots.divergence import divergence_curves_figure, divergence_heatmap_figure, graft_figure
-from workbench.plots.relocation import relocation_figure
+from workbench.plots.relocation import relocation_figure, relocation_growth_figure
 from workbench.plots.replay import counterfactuals_figure, replay_figure
 from workbench.plots.sharding import sharding_figure
 from workbench.plots.state import state_drift_figure, state_heads_figure
 
-__all__ += ["divergence_curves_figure", "divergence_heatmap_figure", "graft_figure", "relocation_figure",
+__all__ += ["divergence_curves_figure", "divergence_heatmap_figure", "graft_figure", "relocation_figure", "relocation_growth_figure",
             "counterfactuals_figure", "replay_figure", "sharding_figure", "state_drift_figure", "state_heads_figure"]
 from workbench.plots.trajectory import trajectory_figure
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["relocation_figure"]
+__all__ = ["relocation_figure", "relocation_growth_figure"]
 
 
 def relocation_figure(ds, *, title: str | None = None):
@@ -28,4 +28,31 @@ def relocation_figure(ds, *, title: str | None = None):
     fig.update_layout(title=title or "bitwise invariance under KV page relocation",
                       xaxis_title="page order of the relocated KV cache", yaxis_title="layer", height=360,
                       showlegend=True, legend=dict(orientation="h", y=-0.3))
+    return fig
+
+
+def relocation_growth_figure(ds, *, order: str = "physical"):
+    """How a relocation's difference grows through the model: relative L2 of each layer's output
+    against the unrelocated run, one line per relocation (log y; bit-identical layers in a strip)."""
+    import plotly.graph_objects as go
+
+    from workbench.plots._style import COLORS, add_status_strip, log_split
+
+    d = ds.sel(order=order)
+    fig = go.Figure()
+    strip = []
+    for i, r in enumerate(d.relocation.values):
+        color = COLORS[i % len(COLORS)]
+        y, zero, _ = log_split(d.growth.sel(relocation=r).values)
+        label = f"relocation {int(r)}"
+        fig.add_trace(go.Scatter(x=d.layer.values, y=y, mode="lines+markers", name=label, legendgroup=label,
+                                 line=dict(color=color)))
+        strip.append(dict(x=d.layer.values[zero].tolist(), row="bit-identical", name=f"{label}: identical",
+                          color=color, legendgroup=label, showlegend=i == 0))
+    add_status_strip(fig, strip, rows=("bit-identical",))
+    fig.update_layout(title=f"{order} page order: each layer's output after relocating the KV pages, relative L2 "
+                            f"against the unrelocated run (last step, {ds.attrs['tp']} ranks)",
+                      xaxis_title="layer", yaxis_title="relative L2 error (‖moved − unmoved‖ / ‖unmoved‖)",
+                      yaxis_type="log", yaxis_exponentformat="e", height=440)
+    fig.update_xaxes(dtick=1)
     return fig
