@@ -153,3 +153,94 @@ def test_docstring_examples_run():
 
     res = doctest.testmod(mod, extraglobs={"torch": torch} if hasattr(mod, "torch") else {}, optionflags=doctest.ELLIPSIS)
     assert res.failed == 0 and res.attempted > 0
+
+
+class _FakeDecoder:
+    """Tokens as a function of the arm (CPU-independent): split 2 with bf16 partials flips step 2
+    only on top of a bf16 state; split 3 flips step 1 whatever the partials (reassociation)."""
+
+    def __init__(self):
+        self.calls = []
+
+    def generate(self, prompt, *, steps, arm):
+        self.calls.append(arm)
+        out = [1, 2, 3][: steps + 1]
+        for o in arm.overrides:
+            assert o.family == "proj" and o.names == ("gdn.a", "gdn.b") and o.phase == "decode"
+            s, pd = o.knobs["splitk"], o.knobs["partial_dtype"]
+            if s == 2 and pd == "bf16" and arm.gdn.state_dtype == "bf16":
+                out[2] = 9
+            if s == 3:
+                out[1] = 7
+        return out
+
+
+def test_model_sweep_finds_flips_and_their_cause():
+    from workbench.analysis.splitk import splitk_model_sweep
+    from workbench.models.hybrid import ArmConfig, arm_from_changes
+
+    fake = _FakeDecoder()
+    ds = splitk_model_sweep(fake, None, steps=2, arm=arm_from_changes("gdn.state_dtype:bf16", name="swept"),
+                            reference=ArmConfig(name="control"), splits=(1, 2, 3, 4))
+    assert ds.flips.values.tolist() == [False, True, True, False]
+    assert ds.first_flip.values.tolist() == [-1, 2, 1, -1]
+    assert ds.cause.values.tolist() == ["", "bf16 partials", "reassociation", ""]
+    assert ds.flips_fp32.values.tolist() == [False, False, True, False]
+    assert ds.attrs["reference_tokens"] == [1, 2, 3] == ds.attrs["arm_tokens"]
+    assert ds.attrs["sentence"] == ("split-K of gdn.a, gdn.b (decode steps) with bf16 partials: 2 of 4 configurations "
+                                    "flip a token (2-3 splits; first flip at step 1); cause: bf16 partials (1), "
+                                    "reassociation (1); the arm alone gives the reference's tokens, so the flips need both")
+    # 2 base runs + 4 configurations + 2 cause tests
+    assert len(fake.calls) == 8
+    # without the bf16 state split 2 flips nothing
+    plain = splitk_model_sweep(_FakeDecoder(), None, steps=2, arm=ArmConfig(name="c"), splits=(2,))
+    assert not plain.flips.any()
+
+
+def test_model_sweep_on_the_hybrid_decoder_is_consistent_with_direct_runs():
+    from workbench.analysis.splitk import splitk_model_sweep
+    from workbench.models.hybrid import ArmConfig, HybridConfig, HybridDecoder, Override
+
+    model = HybridDecoder(HybridConfig(n_layers=4, vocab=128))
+    p = model.prompt(12)
+    ds = splitk_model_sweep(model, p, steps=2, arm=ArmConfig(name="a"), projections=("gdn.b",), layers=(1,),
+                            splits=(1, 3), cause_test=False)
+    direct = model.generate(p, steps=2, arm=ArmConfig(name="a", overrides=(
+        Override("proj", {"splitk": 3, "partial_dtype": "bf16"}, layers=(1,), names=("gdn.b",), phase="decode"),)))
+    assert ds.tokens.sel(splits=3).values.tolist() == direct
+    # the override reaches the projection it names and no other: an unknown name is refused
+    import pytest
+    from workbench.errors import KernelArgumentError, WorkbenchError
+
+    with pytest.raises(KernelArgumentError, match="unknown projection"):
+        splitk_model_sweep(model, p, steps=1, projections=("gdn.x",))
+    with pytest.raises(WorkbenchError, match="names must name projections"):
+        ArmConfig(overrides=(Override("gdn", {"state_dtype": "bf16"}, names=("gdn.a",)),))
+
+
+def test_named_projection_override_changes_only_that_projection():
+    import torch
+
+    from workbench.models.hybrid import ArmConfig, HybridConfig, HybridDecoder, Override, RecordSpec
+
+    class Mem:
+        def __init__(self):
+            self.t = {}
+
+        def add(self, t, *, rank, step, layer, op, name, **_):
+            self.t[(rank, step, layer, op, name)] = t.clone()
+
+    model = HybridDecoder(HybridConfig(n_layers=4, vocab=128))
+    p = model.prompt(12)
+    runs = {}
+    for label, ov in (("base", ()), ("b", (Override("proj", {"splitk": 4, "partial_dtype": "bf16"}, layers=(0,),
+                                                    names=("gdn.b",), phase="decode"),))):
+        m = Mem()
+        model.generate(p, steps=1, arm=ArmConfig(name=label, overrides=ov), writer=m,
+                       spec=RecordSpec(detail_steps=None, prefill_positions=None))
+        runs[label] = m.t
+    a, b = runs["base"], runs["b"]
+    # prefill untouched (decode phase only); at the decode step layer 0's beta changes, its g does not
+    assert all(torch.equal(a[k], b[k]) for k in a if k[1] == 0)
+    assert torch.equal(a[(0, 1, 0, "gdn", "g")], b[(0, 1, 0, "gdn", "g")])
+    assert not torch.equal(a[(0, 1, 0, "gdn", "beta")], b[(0, 1, 0, "gdn", "beta")])

@@ -23,7 +23,7 @@ from workbench.kernels.sampling import greedy
 from workbench.numerics.dtypes import canonical, round_to
 from workbench.numerics.metrics import compare
 
-__all__ = ["splitk_explain", "splitk_sweep", "splitk_sweep_capture", "splitk_findings", "CONTROL"]
+__all__ = ["splitk_explain", "splitk_sweep", "splitk_sweep_capture", "splitk_findings", "splitk_model_sweep", "CONTROL"]
 
 CONTROL = {"splits": 1, "partial_dtype": "fp32", "order": "sequential"}
 
@@ -277,4 +277,89 @@ def splitk_explain(control, candidate=None, *, logits: str | None = None, tokens
                      + " is reproduced by " + ("; ".join(where_) if where_ else "no swept configuration"))
     ds.attrs.update(step=at, step_reason=reason, tokens=toks, fp64_argmax=exact, token_source=source or "", logits="/".join(spec),
                     hidden="/".join(h_spec), weight_source=where, findings=lines, logits_dtype=ldt)
+    return ds
+
+
+def splitk_model_sweep(model, prompt, *, steps: int, arm=None, reference=None,
+                       projections: Sequence[str] = ("gdn.a", "gdn.b"), layers: Sequence[int] | None = None,
+                       splits: Sequence[int] = (1, 2, 3, 4, 6, 8), partial_dtype: str = "bf16",
+                       phase: str | None = "decode", cause_test: bool = True) -> xr.Dataset:
+    """Split-K configurations of chosen projections, swept through the whole model: which flip the
+    generated tokens?
+
+    The hybrid decoder generates ``steps`` tokens after ``prompt`` under ``arm`` with every
+    projection named in ``projections`` (``PROJECTIONS`` of :mod:`workbench.models.hybrid`, e.g. the
+    GDN gate projections ``gdn.a``, ``gdn.b``) on ``layers`` (None: all) in ``phase`` (``"decode"``:
+    one-token steps; None: every step) computed as ``splits`` K-slices with ``partial_dtype``
+    partials. Tokens are compared with ``reference`` (an ArmConfig run, default ``arm`` itself
+    without the sweep): a flip is a differing token. ``arm`` may carry its own differences (a bf16
+    recurrent state, a chunked prefill): a split-K configuration often flips a token only on top of
+    such a prefill-state difference. The cause test re-runs each flipping configuration with fp32
+    partials: if the flip goes away, the bf16 rounding of the partials causes it; if it stays, the
+    reassociation of the sum does.
+
+    Returns
+    -------
+    xarray.Dataset along ``splits``: ``tokens[splits, step]``, ``flips`` (any token differs from the
+    reference), ``first_flip`` (step, -1 if none), ``flips_fp32`` (the cause test; False where not
+    run), ``cause`` ("bf16 partials", "reassociation" or ""); attrs ``reference_tokens``,
+    ``arm_tokens`` (``arm`` without the sweep), ``sentence``.
+    """
+    from workbench.models.hybrid import PROJECTIONS, ArmConfig, Override
+
+    bad = [p for p in projections if p not in PROJECTIONS]
+    if bad or not projections:
+        raise KernelArgumentError(f"unknown projection(s) {bad or list(projections)}", key="projections",
+                                  fix=f"name projections from {list(PROJECTIONS)}")
+    if any((not isinstance(s, int)) or s < 1 for s in splits):
+        raise KernelArgumentError(f"splits must be positive ints, got {list(splits)}", key="splits",
+                                  fix="pass e.g. splits=(1, 2, 4, 8)")
+    arm = arm or ArmConfig(name="sweep")
+    lay = None if layers is None else tuple(int(x) for x in layers)
+
+    def run(a):
+        return [int(t) for t in model.generate(prompt, steps=steps, arm=a)]
+
+    def swept(s, pd):
+        o = Override("proj", {"splitk": int(s), "partial_dtype": pd}, layers=lay, names=tuple(projections), phase=phase)
+        return arm.replace(name=f"{arm.name}-splitk{s}-{pd}", overrides=tuple(arm.overrides) + (o,))
+
+    arm_tokens = run(arm)
+    ref_tokens = arm_tokens if reference is None else run(reference)
+    toks, flips, first, fp32, cause = [], [], [], [], []
+    for s in splits:
+        t = run(swept(s, partial_dtype))
+        diff = [i for i, (a, b) in enumerate(zip(t, ref_tokens)) if a != b]
+        toks.append(t)
+        flips.append(bool(diff))
+        first.append(diff[0] if diff else -1)
+        if diff and cause_test and partial_dtype != "fp32":
+            t32 = run(swept(s, "fp32"))
+            f32 = t32 != ref_tokens
+            fp32.append(f32)
+            cause.append("reassociation" if f32 else f"{partial_dtype} partials")
+        else:
+            fp32.append(False)
+            cause.append("")
+    ds = xr.Dataset(
+        {"tokens": (("splits", "step"), np.array(toks, dtype=np.int64)), "flips": ("splits", flips),
+         "first_flip": ("splits", np.array(first, dtype=np.int64)), "flips_fp32": ("splits", fp32),
+         "cause": ("splits", np.array(cause, dtype=object).astype(str))},
+        coords={"splits": list(splits), "step": np.arange(len(ref_tokens))},
+    )
+    flipping = [int(s) for s, f in zip(splits, flips) if f]
+    where = ", ".join(projections) + (f" on layers {list(lay)}" if lay else "") + (f" ({phase} steps)" if phase else "")
+    sent = (f"split-K of {where} with {partial_dtype} partials: " +
+            (f"{len(flipping)} of {len(splits)} configurations flip a token ({_ranges(flipping)} splits; first flip at "
+             f"step {min(f for f in first if f >= 0)})" if flipping else f"none of {len(splits)} configurations flips a token"))
+    causes = sorted({c for c in cause if c})
+    if causes:
+        sent += "; cause: " + ", ".join(f"{c} ({sum(1 for x in cause if x == c)})" for c in causes)
+    if reference is not None and arm_tokens != ref_tokens:
+        sent += "; the arm alone already differs from the reference"
+    elif reference is not None:
+        sent += "; the arm alone gives the reference's tokens, so the flips need both"
+    ds.attrs.update(analysis="splitk_model_sweep", reference_tokens=ref_tokens, arm_tokens=arm_tokens,
+                    projections=list(projections), partial_dtype=partial_dtype, phase=phase or "all",
+                    arm=arm.name, sentence=sent)
     return ds

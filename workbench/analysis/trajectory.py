@@ -356,24 +356,24 @@ def trajectory_source(model: str, *, candidate: str, repeat_splitk: int = 2, n_p
         raise KernelArgumentError(f"repeat_splitk must be an int >= 2, got {repeat_splitk!r}", key="repeat_splitk",
                                   fix="pass 2 (a repeat that reassociates every projection's sum)")
     if model == "hybrid":
-        from workbench.models.hybrid import FAMILIES, ArmConfig
+        from workbench.errors import WorkbenchError
+        from workbench.models.hybrid import ArmConfig, arm_from_changes
         from workbench.models.sample import base_model
         from workbench.numerics.policy import Policy
 
-        changes: dict = {}
-        for part in candidate.replace(",", " ").split():
-            fam, dot, knob = part.partition(".")
-            if not dot or fam not in FAMILIES:
-                raise KernelArgumentError(f"candidate change {part!r} is not family.knob:value", key="candidate",
-                                          fix=f"write e.g. 'gdn.state_dtype:bf16'; families are {list(FAMILIES)}")
-            changes[fam] = Policy.parse(knob, base=changes.get(fam, ArmConfig().policy(fam)))
+        try:
+            cand_arm = arm_from_changes(candidate, name="candidate")
+        except WorkbenchError as e:
+            raise KernelArgumentError(e.message, key="candidate", fix=e.fix) from None
+        changes = {f: p for f, p in ((f, cand_arm.policy(f)) for f in ("gdn", "qsa", "proj", "lm_head"))
+                   if p != ArmConfig().policy(f)}
         if not changes:
             raise KernelArgumentError("the hybrid candidate changes nothing", key="candidate",
                                       fix="pass e.g. candidate='gdn.state_dtype:bf16'")
         src = base_model()
         arms = {"control": ArmConfig(name="control"),
                 "repeat": ArmConfig(name="repeat", proj=Policy(splitk=repeat_splitk)),
-                "candidate": ArmConfig(name="candidate", **changes)}
+                "candidate": cand_arm}
         prompts = [src.prompt(prompt_len, seed=seed + i + 1) for i in range(n_prompts)]
         desc = (f"the bundled hybrid decoder; repeat: projections in {repeat_splitk} K-slices; candidate: "
                 + ", ".join(f"{f} {p.label()}" for f, p in changes.items()))

@@ -45,6 +45,9 @@ from workbench.numerics.policy import Policy
 __all__ = ["HybridConfig", "ArmConfig", "Override", "RecordSpec", "HybridDecoder", "HybridRerun", "FAMILIES"]
 
 FAMILIES = ("gdn", "qsa", "proj", "lm_head")
+# the projections of the "proj" family by name (Override.names)
+PROJECTIONS = ("gdn.q", "gdn.k", "gdn.v", "gdn.z", "gdn.a", "gdn.b", "gdn.o", "qsa.q", "qsa.gate", "qsa.k", "qsa.v",
+               "qsa.iq", "qsa.ik", "qsa.o", "mlp.gate", "mlp.up", "mlp.down")
 # the GDN helper ops (gates, conv, gated norm) and the QSA indexer and output gate exist in the torch
 # and oracle backends only: with a native or numba backend the model runs torch's (recorded in
 # workbench.kernels.fallbacks(), warned once), and the kernel ops themselves on the backend asked for
@@ -108,16 +111,44 @@ class Override:
     knobs: dict
     layers: tuple[int, ...] | None = None
     ranks: tuple[int, ...] | None = None
+    names: tuple[str, ...] | None = None  # "proj" only: the projections, e.g. ("gdn.a", "gdn.b") (PROJECTIONS)
+    phase: str | None = None  # "prefill" (steps over several tokens) or "decode" (one-token steps); None: both
 
-    def applies(self, family: str, layer: int | None, rank: int | None) -> bool:
+    def applies(self, family: str, layer: int | None, rank: int | None, name: str | None = None,
+                phase: str | None = None) -> bool:
         return (self.family == family
                 and (self.layers is None or layer in self.layers)
-                and (self.ranks is None or rank in self.ranks))
+                and (self.ranks is None or rank in self.ranks)
+                and (self.names is None or name in self.names)
+                and (self.phase is None or phase == self.phase))
 
     def to_dict(self) -> dict[str, Any]:
-        return {"family": self.family, "knobs": dict(self.knobs),
-                "layers": None if self.layers is None else list(self.layers),
-                "ranks": None if self.ranks is None else list(self.ranks)}
+        d = {"family": self.family, "knobs": dict(self.knobs),
+             "layers": None if self.layers is None else list(self.layers),
+             "ranks": None if self.ranks is None else list(self.ranks)}
+        if self.names is not None:
+            d["names"] = list(self.names)
+        if self.phase is not None:
+            d["phase"] = self.phase
+        return d
+
+
+def arm_from_changes(text: str, *, name: str = "candidate", base: "ArmConfig | None" = None) -> "ArmConfig":
+    """An arm from ``family.knob:value`` changes typed as text, applied to ``base`` (default: the
+    default arm), e.g. ``"gdn.state_dtype:bf16 qsa.prob_dtype:fp16"``; empty text: ``base`` renamed.
+
+    >>> arm_from_changes("gdn.state_dtype:bf16").gdn.state_dtype
+    'bf16'
+    """
+    base = base or ArmConfig()
+    changes: dict = {}
+    for part in str(text or "").replace(",", " ").split():
+        fam, dot, knob = part.partition(".")
+        if not dot or fam not in FAMILIES:
+            raise WorkbenchError(f"arm change {part!r} is not family.knob:value", key="candidate",
+                                 fix=f"write e.g. 'gdn.state_dtype:bf16'; families are {list(FAMILIES)}")
+        changes[fam] = Policy.parse(knob, base=changes.get(fam, base.policy(fam)))
+    return base.replace(name=name, **changes)
 
 
 def _default_backends() -> dict[str, str]:
@@ -177,6 +208,13 @@ class ArmConfig:
                 raise WorkbenchError(f"Override.family must be one of {list(FAMILIES)}, got {o.family!r}",
                                      key="overrides", fix=f"use one of {list(FAMILIES)}")
             getattr(self, o.family).replace(**o.knobs)  # unknown knobs fail here, not mid-run
+            bad = [n for n in (o.names or ()) if n not in PROJECTIONS]
+            if bad or (o.names is not None and o.family != "proj"):
+                raise WorkbenchError(f"Override.names must name projections of the proj family, got {o.family!r} "
+                                     f"{list(o.names)}", key="overrides", fix=f"use family 'proj' and names from {list(PROJECTIONS)}")
+            if o.phase not in (None, "prefill", "decode"):
+                raise WorkbenchError(f"Override.phase must be 'prefill', 'decode' or None, got {o.phase!r}",
+                                     key="overrides", fix="pass phase='decode' for one-token steps")
         if not isinstance(self.tp, int) or self.tp < 1:
             raise WorkbenchError(f"ArmConfig.tp must be a positive int, got {self.tp!r}", key="tp",
                                  fix="pass tp=1, 2 or 4")
@@ -186,16 +224,20 @@ class ArmConfig:
         """The arm :meth:`to_dict` wrote (a capture's ``run["arm"]``)."""
         pol = {f: Policy.from_dict(d[f]) for f in ("gdn", "qsa", "proj", "lm_head") if isinstance(d.get(f), dict)}
         ov = tuple(Override(o["family"], dict(o["knobs"]), None if o.get("layers") is None else tuple(o["layers"]),
-                            None if o.get("ranks") is None else tuple(o["ranks"])) for o in d.get("overrides") or ())
+                            None if o.get("ranks") is None else tuple(o["ranks"]),
+                            None if o.get("names") is None else tuple(o["names"]), o.get("phase"))
+                   for o in d.get("overrides") or ())
         return cls(name=str(d.get("name", "arm")), backends=dict(d.get("backends") or _default_backends()), **pol,
                    tp=int(d.get("tp", 2)), sampler=str(d.get("sampler", "greedy")), draw_seed=int(d.get("draw_seed", 0)),
                    page_seed=d.get("page_seed"), overrides=ov, prefill_chunk=d.get("prefill_chunk"))
 
-    def policy(self, family: str, layer: int | None = None, rank: int | None = None) -> Policy:
-        """The policy of ``family`` on ``layer`` and ``rank`` (overrides applied in order)."""
+    def policy(self, family: str, layer: int | None = None, rank: int | None = None, *, name: str | None = None,
+               phase: str | None = None) -> Policy:
+        """The policy of ``family`` on ``layer`` and ``rank`` (for ``proj``: of projection ``name``
+        in ``phase``), overrides applied in order."""
         p = getattr(self, family)
         for o in self.overrides:
-            if o.applies(family, layer, rank):
+            if o.applies(family, layer, rank, name, phase):
                 p = p.replace(**o.knobs)
         return p
 
@@ -401,9 +443,9 @@ class HybridDecoder:
     def _rms(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.config.eps) * w
 
-    def _mm(self, x, w, arm: ArmConfig, layer: int, rank: int, family: str = "proj"):
-        return gemm.splitk_matmul(x, w, policy=arm.policy(family, layer, rank), backend=arm.backend(family),
-                                  out_dtype="fp32")
+    def _mm(self, x, w, arm: ArmConfig, layer: int, rank: int, family: str = "proj", name: str | None = None):
+        pol = arm.policy(family, layer, rank, name=name, phase="decode" if x.shape[0] == 1 else "prefill")
+        return gemm.splitk_matmul(x, w, policy=pol, backend=arm.backend(family), out_dtype="fp32")
 
     @staticmethod
     def _all_reduce(parts: list[torch.Tensor]) -> torch.Tensor:
@@ -426,12 +468,12 @@ class HybridDecoder:
             pol = arm.policy("gdn", i, r)
             be = arm.backend("gdn")
             kr, vr = _rows(kh, K), _rows(vh, K)
-            q = self._mm(xn, W[p + "q"][kr], arm, i, r)
-            k = self._mm(xn, W[p + "k"][kr], arm, i, r)
-            v = self._mm(xn, W[p + "v"][vr], arm, i, r)
-            z = self._mm(xn, W[p + "z"][vr], arm, i, r)
-            a = self._mm(xn, W[p + "a"][vh], arm, i, r)
-            b = self._mm(xn, W[p + "b"][vh], arm, i, r)
+            q = self._mm(xn, W[p + "q"][kr], arm, i, r, name="gdn.q")
+            k = self._mm(xn, W[p + "k"][kr], arm, i, r, name="gdn.k")
+            v = self._mm(xn, W[p + "v"][vr], arm, i, r, name="gdn.v")
+            z = self._mm(xn, W[p + "z"][vr], arm, i, r, name="gdn.z")
+            a = self._mm(xn, W[p + "a"][vh], arm, i, r, name="gdn.a")
+            b = self._mm(xn, W[p + "b"][vh], arm, i, r, name="gdn.b")
             conv = W[p + "conv"]
             conv_rows = torch.cat([kr, H * K + kr, 2 * H * K + vr])
             qkv, cache[("conv", i, r)] = gdn.causal_conv1d(
@@ -457,7 +499,7 @@ class HybridDecoder:
                     tape.add(part, rank=r, layer=i, op="gdn", name=name)
             y = gdn.gated_rmsnorm(o[0], z.reshape(T, len(vh), K), W[p + "gnorm"], c.eps, backend=be, policy=pol,
                                   fallback=_HELPER_FALLBACK)
-            parts.append(self._mm(y.reshape(T, -1), W[p + "o"][:, vr], arm, i, r))
+            parts.append(self._mm(y.reshape(T, -1), W[p + "o"][:, vr], arm, i, r, name="gdn.o"))
         return self._all_reduce(parts)
 
     def _qsa(self, i: int, xn: torch.Tensor, arm: ArmConfig, cache: dict, tape: _Tape) -> torch.Tensor:
@@ -471,12 +513,12 @@ class HybridDecoder:
             kvh = sorted({h // (HQ // HKV) for h in qh})
             pol = arm.policy("qsa", i, r)
             be = arm.backend("qsa")
-            q = self._mm(xn, W[p + "q"][_rows(qh, Dh)], arm, i, r).reshape(T, len(qh), Dh)
-            gate = self._mm(xn, W[p + "gate"][_rows(qh, Dh)], arm, i, r).reshape(T, len(qh), Dh)
-            k = self._mm(xn, W[p + "k"][_rows(kvh, Dh)], arm, i, r).reshape(T, len(kvh), Dh)
-            v = self._mm(xn, W[p + "v"][_rows(kvh, Dh)], arm, i, r).reshape(T, len(kvh), Dh)
-            iq = self._mm(xn, W[p + "iq"], arm, i, r).reshape(T, HI, Di)
-            ik = self._mm(xn, W[p + "ik"], arm, i, r)
+            q = self._mm(xn, W[p + "q"][_rows(qh, Dh)], arm, i, r, name="qsa.q").reshape(T, len(qh), Dh)
+            gate = self._mm(xn, W[p + "gate"][_rows(qh, Dh)], arm, i, r, name="qsa.gate").reshape(T, len(qh), Dh)
+            k = self._mm(xn, W[p + "k"][_rows(kvh, Dh)], arm, i, r, name="qsa.k").reshape(T, len(kvh), Dh)
+            v = self._mm(xn, W[p + "v"][_rows(kvh, Dh)], arm, i, r, name="qsa.v").reshape(T, len(kvh), Dh)
+            iq = self._mm(xn, W[p + "iq"], arm, i, r, name="qsa.iq").reshape(T, HI, Di)
+            ik = self._mm(xn, W[p + "ik"], arm, i, r, name="qsa.ik")
             for name, t in (("k", k), ("v", v), ("ik", ik)):
                 key = (name, i, r)
                 cache[key] = t if key not in cache else torch.cat([cache[key], t])
@@ -512,7 +554,7 @@ class HybridDecoder:
                 tape.add(table, rank=r, layer=i, op="qsa", name="block_table", tokens=True, force=True)
                 for name, t in (("k_cache", kv.k), ("v_cache", kv.v)):
                     tape.add(t, rank=r, layer=i, op="qsa", name=name, force=True)
-            parts.append(self._mm(gated.reshape(T, -1).float(), W[p + "o"][:, _rows(qh, Dh)], arm, i, r))
+            parts.append(self._mm(gated.reshape(T, -1).float(), W[p + "o"][:, _rows(qh, Dh)], arm, i, r, name="qsa.o"))
         return self._all_reduce(parts)
 
     def _mlp(self, i: int, xn: torch.Tensor, arm: ArmConfig, tape: "_Tape | None" = None) -> torch.Tensor:
@@ -525,10 +567,10 @@ class HybridDecoder:
         parts = []
         for r in range(arm.tp):
             f = torch.tensor(list(_part(self.config.d_ff, arm.tp, r, "d_ff")))
-            gate = self._mm(xn, W[p + "mlp_gate"][f], arm, i, r)
-            up = self._mm(xn, W[p + "mlp_up"][f], arm, i, r)
+            gate = self._mm(xn, W[p + "mlp_gate"][f], arm, i, r, name="mlp.gate")
+            up = self._mm(xn, W[p + "mlp_up"][f], arm, i, r, name="mlp.up")
             h = torch.nn.functional.silu(gate) * up
-            parts.append(self._mm(h, W[p + "mlp_down"][:, f], arm, i, r))
+            parts.append(self._mm(h, W[p + "mlp_down"][:, f], arm, i, r, name="mlp.down"))
             if rec:
                 for name, t in (("gate", gate), ("up", up), ("act", h), ("partial", parts[-1])):
                     tape.add(t, rank=r, layer=i, op="mlp", name=name, tokens=True)
