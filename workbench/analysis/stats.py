@@ -260,7 +260,7 @@ def _beta_quantile(q: float, a: float, b: float) -> float:
 
 def exact_conditional_paired_ci(n11: int, n10: int, n01: int, n00: int, *,
                                 confidence: float = 0.95) -> tuple[float, float]:
-    """The exact conditional interval for p_candidate - p_control (Newcombe 1998, paired, method 5).
+    """The exact conditional interval for p_candidate - p_control (as reviewed in Newcombe 1998, paired data).
 
     Given the ``m = n10 + n01`` discordant pairs, the candidate-only count is binomial(m, pi); the
     Clopper-Pearson interval [pi_L, pi_U] of pi maps to the difference as ``m (2 pi - 1) / N``. With
@@ -310,7 +310,7 @@ PAIRED_CI_METHODS = {
                     lambda t, c: newcombe_paired_ci(*t, confidence=c, continuity=True)),
     "tango": ("Tango (1998) score interval (constrained maximum likelihood)",
               lambda t, c: tango_paired_ci(*t, confidence=c)),
-    "exact_conditional": ("exact conditional interval (Clopper-Pearson on the discordant pairs, Newcombe 1998 method 5)",
+    "exact_conditional": ("exact conditional interval (Clopper-Pearson on the discordant pairs, mapped to the difference)",
                           lambda t, c: exact_conditional_paired_ci(*t, confidence=c)),
     "wald": ("simple asymptotic (Wald) interval, for reference", lambda t, c: wald_paired_ci(*t, confidence=c)),
 }
