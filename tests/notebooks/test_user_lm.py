@@ -112,3 +112,15 @@ def test_trajectories_on_an_hf_model_from_its_config(tmp_path, monkeypatch):
     assert "5 fixed trajectories" in f["text"]
     assert f["data"]["within_noise"] is False and f["data"]["candidate_mean_abs"] > f["data"]["aa_mean_abs"]
     assert set(gates_by_name(r)) == {"model_nll_finite", "model_within_noise"}
+
+
+def test_trajectories_on_recorded_hf_captures(user_lm, tmp_path, monkeypatch):
+    # three runs recorded with workbench.record: control and its repeat materialize bf16 logits, the
+    # candidate fp32; the captures section scores the control's tokens with each run's logits
+    monkeypatch.chdir(user_lm)
+    r = run_one(tmp_path / "a", "trajectories", control="hf-control", repeat="hf-repeat", candidate="hf-candidate",
+                model="")
+    assert r.status == "passed", r.describe()
+    f = r.findings[0]
+    assert f["text"].startswith("captures (hf-candidate vs hf-control, A/A hf-repeat): 1 fixed trajectory")
+    assert f["data"]["aa_mean_abs"] == 0.0 and f["data"]["candidate_mean_abs"] > 0  # the repeat is bit-identical
