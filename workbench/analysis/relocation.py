@@ -263,7 +263,8 @@ def relocation_model(model, prompt: torch.Tensor, *, arm=None, steps: int = 1, n
     Returns
     -------
     xarray.Dataset over (``order``, ``relocation``): ``first_key`` (the first differing tensor in
-    causal order, "" when none), ``qsa_inputs_equal`` (the inputs of that QSA layer bitwise equal),
+    causal order, "" when none), ``qsa_inputs_equal`` (1 when the inputs of that QSA layer are bitwise equal, 0 when not, NaN
+    when the first difference is not in a QSA layer or there is none),
     ``hidden_bitwise`` (the final hidden state, every step), ``hidden_rel_l2`` (at the last step),
     ``logprob_bitwise`` (the first decoded token's log-probability under each rank's view: the
     logits are computed after the all-reduce, so one per relocation), ``ranks_bitwise`` (number of
@@ -298,8 +299,8 @@ def relocation_model(model, prompt: torch.Tensor, *, arm=None, steps: int = 1, n
                 r_, s_, l_ = first[:3]
                 out["qsa_inputs_equal"][oi, ri] = all(torch.equal(base[(r_, s_, l_, "qsa", n)], rel[(r_, s_, l_, "qsa", n)])
                                                       for n in qsa_inputs if (r_, s_, l_, "qsa", n) in base)
-            else:
-                out["qsa_inputs_equal"][oi, ri] = float("nan") if first is not None else 1.0
+            else:  # no QSA layer first (or nothing differs): the question does not arise
+                out["qsa_inputs_equal"][oi, ri] = float("nan")
             hk = [k for k in base if k[3] == "lm_head" and k[4] == "input"]
             out["hidden_bitwise"][oi, ri] = all(torch.equal(base[k], rel[k]) for k in hk)
             out["hidden_rel_l2"][oi, ri] = _rel_l2(base[(0, last, -1, "lm_head", "input")],

@@ -47,12 +47,12 @@ def relocation_growth_figure(ds, *, order: str = "physical"):
         label = f"relocation {int(r)}"
         fig.add_trace(go.Scatter(x=d.layer.values, y=y, mode="lines+markers", name=label, legendgroup=label,
                                  line=dict(color=color)))
-        strip.append(dict(x=d.layer.values[zero].tolist(), row="bit-identical", name=f"{label}: identical",
-                          color=color, legendgroup=label, showlegend=i == 0))
+        strip.append(dict(x=d.layer.values[zero].tolist(), row="bit-identical", name="identical to the unmoved run",
+                          color="#7f7f7f", legendgroup="identical", showlegend=not any(m["x"] for m in strip)))
     add_status_strip(fig, strip, rows=("bit-identical",))
     fig.update_layout(title=f"{order} page order: each layer's output after relocating the KV pages, relative L2 "
                             f"against the unrelocated run (last step, {ds.attrs['tp']} ranks)",
-                      xaxis_title="layer", yaxis_title="relative L2 error (‖moved − unmoved‖ / ‖unmoved‖)",
+                      xaxis_title="layer", yaxis_title="rel. L2 (‖moved − unmoved‖ / ‖unmoved‖)",
                       yaxis_type="log", yaxis_exponentformat="e", height=440)
     fig.update_xaxes(dtick=1)
     return fig
