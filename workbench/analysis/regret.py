@@ -19,7 +19,7 @@ import xarray as xr
 
 from workbench.errors import KernelArgumentError
 
-__all__ = ["golden_regret", "golden_regret_captures", "golden_logits_hf", "load_hf_model", "describe_regret"]
+__all__ = ["golden_regret", "golden_regret_captures", "golden_logits_hf", "load_hf_model", "describe_regret", "with_limit"]
 
 
 def golden_regret(selected, golden_logits, *, limit: float = 0.20) -> xr.Dataset:
@@ -201,4 +201,12 @@ def golden_logits_hf(model, prompts: Sequence, selected: Sequence[Sequence[int]]
             out[i, :len(s)] = logits[:len(s)]
     if out is None:
         raise KernelArgumentError("no sequence selected any token", key="selected", fix="pass the candidate's tokens")
+    return out
+
+
+def with_limit(ds: xr.Dataset, limit: float) -> xr.Dataset:
+    """The same regrets judged against another limit (``fails`` and ``n_fail`` recomputed)."""
+    fails = (ds.regret > limit).fillna(False).astype(bool)
+    out = ds.assign(fails=fails, n_fail=int(fails.sum()))
+    out.attrs = {**ds.attrs, "limit": float(limit)}
     return out
