@@ -271,25 +271,33 @@ def relocation_model(model, prompt: torch.Tensor, *, arm=None, steps: int = 1, n
     ranks whose QSA outputs are bitwise equal at every layer and step); ``growth[order, relocation,
     layer]`` (relative L2 of each layer's output at the last step); attrs ``tp``, ``n_relocations``.
     """
-    from workbench.models.hybrid import ArmConfig
+    from workbench.models.hybrid import ArmConfig, RecordSpec
 
     arm = arm or ArmConfig(name="relocation")
+    spec = RecordSpec(detail_steps=None, prefill_positions=1)
     n_layers = model.config.n_layers
     out = {k: np.zeros((len(orders), n_relocations), dtype=object if k == "first_key" else float)
            for k in ("first_key", "qsa_inputs_equal", "hidden_bitwise", "hidden_rel_l2", "logprob_bitwise", "ranks_bitwise")}
     growth = np.full((len(orders), n_relocations, n_layers), np.nan)
     qsa_inputs = ("input", "q", "k", "v", "gate", "index_scores", "indices")
     for oi, order in enumerate(orders):
-        base_arm = arm.replace(qsa=_replace(arm.qsa, page_order=order), page_seed=None)
+        base_arm = arm.replace(qsa=arm.qsa.replace(page_order=order), page_seed=None)
 
         def run(seed):
             mem = _Memory()
-            model.generate(prompt, steps=steps, arm=base_arm.replace(page_seed=seed), writer=mem,
-                           spec=_record_all())
+            model.generate(prompt, steps=steps, arm=base_arm.replace(page_seed=seed), writer=mem, spec=spec)
             return mem.tensors
 
         base = run(None)
         last = max(k[1] for k in base)
+        # what every relocation is compared on, from the unrelocated run once
+        hidden_keys = [k for k in base if k[3] == "lm_head" and k[4] == "input"]
+        first_dec = min(k[1] for k in base if k[3] == "sampler")
+        lk = (0, first_dec, -1, "lm_head", "logits")
+        tok = int(base[(0, first_dec, -1, "sampler", "token")].reshape(-1)[0])
+        base_lp = torch.log_softmax(base[lk].double().reshape(-1), -1)[tok]
+        rank_keys = {r: [k for k in base if k[3] == "qsa" and k[0] == r and k[4] in ("o", "gated", "output")]
+                     for r in sorted({k[0] for k in base if k[3] == "qsa"})}
         for ri in range(n_relocations):
             rel = run(ri + 1)
             first = next((k for k in base if not torch.equal(base[k], rel[k])), None)
@@ -301,19 +309,12 @@ def relocation_model(model, prompt: torch.Tensor, *, arm=None, steps: int = 1, n
                                                       for n in qsa_inputs if (r_, s_, l_, "qsa", n) in base)
             else:  # no QSA layer first (or nothing differs): the question does not arise
                 out["qsa_inputs_equal"][oi, ri] = float("nan")
-            hk = [k for k in base if k[3] == "lm_head" and k[4] == "input"]
-            out["hidden_bitwise"][oi, ri] = all(torch.equal(base[k], rel[k]) for k in hk)
+            out["hidden_bitwise"][oi, ri] = all(torch.equal(base[k], rel[k]) for k in hidden_keys)
             out["hidden_rel_l2"][oi, ri] = _rel_l2(base[(0, last, -1, "lm_head", "input")],
                                                    rel[(0, last, -1, "lm_head", "input")])
-            first_dec = min(k[1] for k in base if k[3] == "sampler")
-            lk = (0, first_dec, -1, "lm_head", "logits")
-            tk = (0, first_dec, -1, "sampler", "token")
-            lp = [torch.log_softmax(x[lk].double().reshape(-1), -1)[int(base[tk].reshape(-1)[0])] for x in (base, rel)]
-            out["logprob_bitwise"][oi, ri] = bool(lp[0] == lp[1])
-            ranks = sorted({k[0] for k in base if k[3] == "qsa"})
-            out["ranks_bitwise"][oi, ri] = sum(all(torch.equal(base[k], rel[k]) for k in base
-                                                   if k[3] == "qsa" and k[0] == r and k[4] in ("o", "gated", "output"))
-                                               for r in ranks)
+            out["logprob_bitwise"][oi, ri] = bool(base_lp == torch.log_softmax(rel[lk].double().reshape(-1), -1)[tok])
+            out["ranks_bitwise"][oi, ri] = sum(all(torch.equal(base[k], rel[k]) for k in keys)
+                                               for keys in rank_keys.values())
             for layer in range(n_layers):
                 k = (0, last, layer, "layer", "output")
                 growth[oi, ri, layer] = _rel_l2(base[k], rel[k])
@@ -330,18 +331,6 @@ def relocation_model(model, prompt: torch.Tensor, *, arm=None, steps: int = 1, n
     ds.attrs.update(analysis="relocation_model", tp=int(arm.tp), n_relocations=int(n_relocations), steps=int(steps),
                     prompt_len=int(prompt.shape[0]))
     return ds
-
-
-def _replace(obj, **changes):
-    import dataclasses
-
-    return dataclasses.replace(obj, **changes)
-
-
-def _record_all():
-    from workbench.models.hybrid import RecordSpec
-
-    return RecordSpec(detail_steps=None, prefill_positions=1)
 
 
 def describe_relocation_model(ds: xr.Dataset) -> list[str]:

@@ -34,7 +34,7 @@ __all__ = ["trajectory_nll", "output_churn", "trajectory_nll_captures", "score_t
            "score_hf", "generate_hf", "describe_trajectory_noise", "trajectory_source"]
 
 
-def _as_2d(name: str, a, mask=None) -> np.ndarray:
+def _as_2d(name: str, a) -> np.ndarray:
     if isinstance(a, (list, tuple)) and a and not np.isscalar(a[0]):
         width = max(len(r) for r in a)
         out = np.full((len(a), width), np.nan)
