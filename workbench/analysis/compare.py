@@ -12,9 +12,9 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
-from workbench.capture.format import DTYPES, KEY_FIELDS
+from workbench.capture.format import DTYPES, KEY_FIELDS, NUMPY_DTYPES as DTYPES_NP
 from workbench.capture.align import BATCH_OP, AlignedView, align_tokens
-from workbench.capture.logical import LogicalCapture, layout_signature
+from workbench.capture.logical import LogicalCapture, same_layout
 from workbench.capture.reader import Capture, open_capture
 from workbench.errors import WorkbenchError
 from workbench.numerics.metrics import FIELDS, compare
@@ -334,7 +334,7 @@ def _rule_for(rules: list[Rule], op: str, name: str, layer: int) -> Rule:
 
 def compare_captures(control, candidate, *, aa=None, rules=None, dtype=None,
                      atol: float = 1e-5, rtol: float = 1e-3, verify: bool = False, grouping: str = "auto",
-                     align: str = "auto", **filters) -> ComparisonResult:
+                     align: str = "auto", client=None, partition=None, **filters) -> ComparisonResult:
     """Compare every tensor key of two captures.
 
     Parameters
@@ -355,6 +355,12 @@ def compare_captures(control, candidate, *, aa=None, rules=None, dtype=None,
         prefill, a request alone against the same request in a batch); "steps" pairs step with
         step; "auto" (default) aligns tokens when every capture records its batch rows
         (``CaptureWriter.add_batch``)
+    client: a ``dask.distributed.Client``: the keys are compared on its workers, partitioned
+        (by default by rank and step, see ``partition``) so that each task reads only its own
+        tensors' bytes from the captures (which every worker must reach at the same path: a shared
+        filesystem); the table is the one a local run gives, row for row. See docs/scale.md.
+    partition: with ``client``, the key fields whose values make one task (default
+        ``("rank", "step")``; ``"shard"`` groups by the control's shard file instead)
     filters: restrict both captures as :meth:`Capture.select` does (e.g. ``op="gdn"``)
 
     Returns
@@ -375,7 +381,7 @@ def compare_captures(control, candidate, *, aa=None, rules=None, dtype=None,
                              fix="pass grouping='logical' (rebuild tensors from their ranks) or 'raw' (rank by rank)")
     if grouping == "auto":  # rank by rank where the layouts match (it names the rank); logical where not
         arms = [c for c in (ctl, cand, rep) if c is not None]
-        grouping = "logical" if len({layout_signature(c) for c in arms}) > 1 else "raw"
+        grouping = "raw" if same_layout(arms) else "logical"
     if grouping == "logical":
         ctl, cand = LogicalCapture(ctl), LogicalCapture(cand)
         rep = LogicalCapture(rep) if rep is not None else None
@@ -410,70 +416,7 @@ def compare_captures(control, candidate, *, aa=None, rules=None, dtype=None,
     if rep is not None:
         aa_idx = rep.index[keys].assign(a_pos=np.arange(len(rep.index)))
         aa_pos = m[keys].merge(aa_idx, on=keys, how="left")["a_pos"].to_numpy()
-    records = []
-    from workbench.progress import progress
-
-    rows = m.to_dict("records")
-    for i, r in enumerate(progress(rows, desc=f"compare {ctl.arm} / {cand.arm}", unit="key", min_total=200)):
-        rec = {f: r[f] for f in keys}
-        has_c = not _isnan(r["c_pos"])
-        has_d = not _isnan(r["d_pos"])
-        rec["seq"] = int(r["seq"]) if has_c else -1
-        rec["seq_candidate"] = int(r["seq_candidate"]) if has_d else -1
-        rec["dtype"] = r["dtype"] if has_c else None
-        rec["dtype_candidate"] = r["dtype_candidate"] if has_d else None
-        rec["shape"] = list(r["shape"]) if has_c else None
-        rec["shape_candidate"] = list(r["shape_candidate"]) if has_d else None
-        rule = _rule_for(rl, rec["op"], rec["name"], rec["layer"])
-        if rule is DEFAULT_RULE and has_c and rec["dtype"] in INTEGER_DTYPES:
-            rule = EXACT_RULE  # token ids, indices, positions: any changed value is a divergence
-        rec["metric"] = rule.metric
-        rec["rule"] = rule.pattern
-        vals = dict.fromkeys(FIELDS, np.nan)
-        aa_val = np.nan
-        metric = rule.metric
-        if not has_c or not has_d:
-            status = "only_control" if has_c else "only_candidate"
-        elif rec["shape"] != rec["shape_candidate"]:
-            status = "shape_mismatch"
-        else:
-            crow = ctl.index.iloc[int(r["c_pos"])]
-            drow = cand.index.iloc[int(r["d_pos"])]
-            res = _compare_rows(ctl, crow, cand, drow, dtype, atol, rtol)
-            if res.ref_norm == 0 and rule.metric in RELATIVE_METRICS:
-                # a relative error of an all-zero reference is 0 or inf: judge absolute differences
-                metric = "max_abs"
-            vals = {f: getattr(res, f) for f in FIELDS}
-            vals["max_abs_index"] = list(res.max_abs_index) if res.max_abs_index is not None else None
-            status = "dtype_mismatch" if rec["dtype"] != rec["dtype_candidate"] else "ok"
-            if res.n_nonfinite_mismatch:
-                status = "nonfinite"
-            if aa_pos is not None and not _isnan(aa_pos[i]):
-                arow = rep.index.iloc[int(aa_pos[i])]
-                if list(arow["shape"]) == rec["shape"]:
-                    ares = _compare_rows(ctl, crow, rep, arow, dtype, atol, rtol)
-                    aa_val = float(getattr(ares, metric))
-        rec.update(vals)
-        rec["aa"] = aa_val
-        if metric != rule.metric:
-            rec["metric"] = metric
-        threshold = rule.threshold if _isnan(aa_val) else max(rule.aa_factor * aa_val, rule.floor)
-        if not math.isfinite(threshold):  # never let an A/A value switch the check off
-            threshold = rule.threshold
-        value = float(vals[metric]) if not _isnan(vals[metric]) else np.nan
-        exceeded = status in ("shape_mismatch", "nonfinite") or (
-            not _isnan(value) and value > threshold)
-        if exceeded and status in ("ok", "dtype_mismatch"):
-            status = "diverged" if status == "ok" else status
-        rec.update(value=value, threshold=float(threshold), exceeded=bool(exceeded), status=status)
-        records.append(rec)
-    table = pd.DataFrame.from_records(records)
-    if len(table):
-        table["_order"] = np.where(table["seq"] >= 0, table["seq"], table["seq_candidate"] + 10**12)
-        table = table.sort_values("_order", kind="stable").drop(columns="_order").reset_index(drop=True)
-    else:
-        table = pd.DataFrame(columns=[*keys, "seq", "status", *FIELDS, "aa", "metric", "value",
-                                      "threshold", "exceeded"])
+    table = _judge(m, aa_pos, ctl, cand, rep, rl, dtype, atol, rtol, client=client, partition=partition)
     if grouping == "logical":
         for col, c in (("layout", ctl), ("layout_candidate", cand)):  # how each arm's tensor was rebuilt
             layout = {tuple(r[:5]): r[5] for r in c.index[keys + ["layout"]].itertuples(index=False)}
@@ -528,3 +471,228 @@ def _typed(arr: np.ndarray, dtype: str):
         t = torch.from_numpy(arr)
         return t.view(DTYPES[dtype][0]) if dtype == "bf16" else t.view(DTYPES[dtype][0]).float()
     return arr
+
+
+# -- the per-key work, in bulk -------------------------------------------------------------------
+_INT_FIELDS = ("n_diff", "nan_a", "nan_b", "inf_a", "inf_b", "n_nonfinite_mismatch")
+_FLOAT_FIELDS = tuple(f for f in FIELDS if f not in _INT_FIELDS and f != "max_ulp")
+
+
+def _empty_values(n: int) -> dict[str, np.ndarray]:
+    out = {f: np.full(n, np.nan) for f in _FLOAT_FIELDS}
+    out.update({f: np.zeros(n, dtype=np.int64) for f in _INT_FIELDS})
+    out["max_ulp"] = np.zeros(n, dtype=np.uint64)
+    out["ref_norm"] = np.zeros(n)
+    out["max_abs_index"] = np.empty(n, dtype=object)
+    return out
+
+
+def _raw_rows(c: Capture, pos: np.ndarray) -> dict[str, np.ndarray]:
+    ix = c.index
+    return {col: ix[col].to_numpy()[pos] for col in ("shard", "offset", "nbytes", "dtype", "shape")}
+
+
+def pair_metrics(ca, cb, pos_a, pos_b, *, dtype=None, atol: float = 1e-5, rtol: float = 1e-3,
+                 desc: str = "compare") -> dict[str, np.ndarray]:
+    """:func:`workbench.compare` of index row ``pos_a[i]`` of ``ca`` against row ``pos_b[i]`` of
+    ``cb``, for every ``i``: one array per field (plus ``ref_norm`` and ``max_abs_index``).
+
+    Rows must have the same shape. Between two raw captures, tensors of one float format of at
+    most :data:`~workbench.numerics.metrics.BATCH_MAX` elements are compared in bulk (one memory
+    mapping per shard, one kernel call per pair of shards, pairs spread over the threads); the
+    rest, and rebuilt logical or token-aligned tensors, one by one. Either way each value is the
+    one :func:`workbench.compare` gives for that pair."""
+    from workbench.numerics.metrics import BATCH_MAX, compare_batch
+    from workbench.progress import counter
+
+    pos_a = np.asarray(pos_a, dtype=np.int64)
+    pos_b = np.asarray(pos_b, dtype=np.int64)
+    n = len(pos_a)
+    out = _empty_values(n)
+    rest = np.arange(n)
+    bar = counter(desc=desc, unit="key", total=n) if n >= 200 else None
+    if isinstance(ca, Capture) and isinstance(cb, Capture) and n:
+        ra, rb = _raw_rows(ca, pos_a), _raw_rows(cb, pos_b)
+        from workbench.numerics.metrics import _BATCH_VIEWS
+
+        item = {k: DTYPES_NP[k].itemsize for k in _BATCH_VIEWS}
+        kind = ra["dtype"]
+        ok = (kind == rb["dtype"]) & np.isin(kind, list(_BATCH_VIEWS))
+        if dtype is not None:
+            from workbench.numerics.dtypes import canonical
+
+            ok &= kind == canonical(dtype)
+        size = np.array([item.get(k, 1) for k in kind], dtype=np.int64)
+        numel = ra["nbytes"].astype(np.int64) // size
+        ok &= numel <= BATCH_MAX
+        if ok.any():
+            sel = np.flatnonzero(ok)
+            oa, ob = ra["offset"].astype(np.int64), rb["offset"].astype(np.int64)
+            # tensors need not start at a multiple of their size (safetensors packs them without
+            # padding): each shard is viewed once per misalignment, unaligned loads are fine
+            groups = pd.DataFrame({"sa": ra["shard"][sel], "sb": rb["shard"][sel], "k": kind[sel],
+                                   "ma": oa[sel] % size[sel], "mb": ob[sel] % size[sel], "i": sel})
+            maps_a: dict = {}
+            maps_b: dict = {}  # one mapping per shard for this call (only the bytes read are touched)
+            for (sa, sb, k, ma, mb), g in groups.groupby(["sa", "sb", "k", "ma", "mb"], sort=False):
+                i = g["i"].to_numpy()
+                isz = item[k]
+                if sa not in maps_a:
+                    maps_a[sa] = ca.shard_buffer(int(sa))
+                if sb not in maps_b:
+                    maps_b[sb] = cb.shard_buffer(int(sb))
+                bufa, bufb = maps_a[sa][ma:], maps_b[sb][mb:]
+                res = compare_batch(bufa[: len(bufa) // isz * isz], (oa[i] - ma) // isz,
+                                    bufb[: len(bufb) // isz * isz], (ob[i] - mb) // isz,
+                                    numel[i], [(int(v),) for v in numel[i]], k, atol=atol, rtol=rtol)
+                for f, v in res.items():
+                    out[f][i] = v
+                if bar is not None:
+                    bar.update(len(i))
+            rest = np.flatnonzero(~ok)
+    if len(rest):
+        raw_a, raw_b = isinstance(ca, Capture), isinstance(cb, Capture)
+        cols_a = ca.index.to_dict("list") if raw_a else None
+        cols_b = cb.index.to_dict("list") if raw_b else None
+        for i in rest.tolist():
+            ta = _read(ca, _row_of(ca, cols_a, int(pos_a[i])))
+            tb = _read(cb, _row_of(cb, cols_b, int(pos_b[i])))
+            res = compare(ta, tb, dtype=dtype, atol=atol, rtol=rtol)
+            for f in FIELDS:
+                out[f][i] = getattr(res, f)
+            out["ref_norm"][i] = res.ref_norm
+            out["max_abs_index"][i] = res.max_abs_index
+            if bar is not None:
+                bar.update(1)
+    if bar is not None:
+        bar.close()
+    where = out["max_abs_index"]
+    for i in range(n):  # lists, as the table held them (an object array of lists, never a 2-D array)
+        if where[i] is not None:
+            where[i] = list(where[i])
+    return out
+
+
+def _row_of(c, cols, pos: int):
+    if cols is None:  # a logical or aligned view reads its rebuild plan from the full row
+        return c.index.iloc[pos]
+    return {k: v[pos] for k, v in cols.items()}
+
+
+def _values(ctl, cand, pos_a, pos_b, dtype, atol, rtol, client, partition, desc):
+    if client is None:
+        return pair_metrics(ctl, cand, pos_a, pos_b, dtype=dtype, atol=atol, rtol=rtol, desc=desc)
+    from workbench.analysis.distributed import pair_metrics_on
+
+    return pair_metrics_on(client, ctl, cand, pos_a, pos_b, dtype=dtype, atol=atol, rtol=rtol,
+                           partition=partition)
+
+
+def _judge(m: pd.DataFrame, aa_pos, ctl, cand, rep, rl, dtype, atol, rtol, *, client=None,
+           partition=None) -> pd.DataFrame:
+    """The comparison table from the merged key table ``m`` (columns c_pos, d_pos)."""
+    keys = list(KEY_FIELDS)
+    n = len(m)
+    if n == 0:
+        return pd.DataFrame(columns=[*keys, "seq", "status", *FIELDS, "aa", "metric", "value",
+                                     "threshold", "exceeded"])
+    c_pos, d_pos = m["c_pos"].to_numpy(dtype=float), m["d_pos"].to_numpy(dtype=float)
+    has_c, has_d = ~np.isnan(c_pos), ~np.isnan(d_pos)
+    shape_c = m["shape"].to_numpy(dtype=object)
+    shape_d = m["shape_candidate"].to_numpy(dtype=object)
+    both = has_c & has_d
+    same_shape = np.array([bool(b) and list(x) == list(y) for b, x, y in zip(both, shape_c, shape_d)], dtype=bool)
+    cmp_i = np.flatnonzero(same_shape)
+    vals = _values(ctl, cand, c_pos[cmp_i].astype(np.int64), d_pos[cmp_i].astype(np.int64), dtype, atol, rtol,
+                   client, partition, f"compare {ctl.arm} / {cand.arm}")
+    # rules: one lookup per (op, name, layer), integer tensors exact under the default rule
+    ops, names, layers = m["op"].to_numpy(), m["name"].to_numpy(), m["layer"].to_numpy()
+    dtypes = m["dtype"].to_numpy(dtype=object)
+    cache: dict = {}
+    rules = []
+    for o, nm, ly, hc, dt in zip(ops, names, layers, has_c, dtypes):
+        r = cache.get((o, nm, ly))
+        if r is None:
+            r = cache[(o, nm, ly)] = _rule_for(rl, o, nm, int(ly))
+        if r is DEFAULT_RULE and hc and dt in INTEGER_DTYPES:
+            r = EXACT_RULE  # token ids, indices, positions: any changed value is a divergence
+        rules.append(r)
+    metric = np.array([r.metric for r in rules], dtype=object)
+    full = _empty_values(n)
+    for f in FIELDS:
+        if f in _FLOAT_FIELDS:
+            full[f][cmp_i] = vals[f]
+    ref_zero = np.zeros(n, dtype=bool)
+    ref_zero[cmp_i] = vals["ref_norm"] == 0
+    metric = np.where(ref_zero & np.isin(metric, RELATIVE_METRICS), "max_abs", metric).astype(object)
+    status = np.where(has_c & ~has_d, "only_control", np.where(~has_c, "only_candidate", "shape_mismatch")).astype(object)
+    dt_c, dt_d = dtypes, m["dtype_candidate"].to_numpy(dtype=object)
+    status[cmp_i] = np.where(dt_c[cmp_i] != dt_d[cmp_i], "dtype_mismatch", "ok")
+    status[cmp_i[vals["n_nonfinite_mismatch"] > 0]] = "nonfinite"
+    # the value each key is judged on, and its A/A noise
+    cols = {f: (full[f] if f in _FLOAT_FIELDS else None) for f in FIELDS}
+    value = np.full(n, np.nan)
+    aa_val = np.full(n, np.nan)
+    for mt in set(metric[cmp_i].tolist()):
+        j = np.flatnonzero(metric[cmp_i] == mt)
+        value[cmp_i[j]] = np.asarray(vals[mt][j], dtype=np.float64)
+    if rep is not None and aa_pos is not None:
+        ap = aa_pos[cmp_i]
+        have = ~np.isnan(ap.astype(float))
+        rep_shapes = rep.index["shape"].to_numpy(dtype=object)
+        have &= np.array([h and list(rep_shapes[int(a)]) == list(shape_c[i]) for h, a, i in zip(have, ap, cmp_i)],
+                         dtype=bool) if len(ap) else have
+        hi = np.flatnonzero(have)
+        if len(hi):
+            av = _values(ctl, rep, c_pos[cmp_i[hi]].astype(np.int64), ap[hi].astype(np.int64), dtype, atol, rtol,
+                         client, partition, f"A/A {ctl.arm} / {rep.arm}")
+            mts = metric[cmp_i[hi]]
+            for mt in set(mts.tolist()):
+                j = np.flatnonzero(mts == mt)
+                aa_val[cmp_i[hi[j]]] = np.asarray(av[mt][j], dtype=np.float64)
+    thr0 = np.array([r.threshold for r in rules], dtype=np.float64)
+    fac = np.array([r.aa_factor for r in rules], dtype=np.float64)
+    floor = np.array([r.floor for r in rules], dtype=np.float64)
+    with np.errstate(invalid="ignore", over="ignore"):
+        threshold = np.where(np.isnan(aa_val), thr0, np.maximum(fac * aa_val, floor))
+    threshold = np.where(np.isfinite(threshold), threshold, thr0)  # never let an A/A value switch the check off
+    with np.errstate(invalid="ignore"):
+        exceeded = np.isin(status, ["shape_mismatch", "nonfinite"]) | (~np.isnan(value) & (value > threshold))
+    status = np.where(exceeded & (status == "ok"), "diverged", status).astype(object)
+    # columns: as the per-key records were (ints stay ints where every key was compared)
+    out = {f: m[f].to_numpy() for f in keys}
+    out["seq"] = np.where(has_c, np.nan_to_num(m["seq"].to_numpy(dtype=float), nan=-1), -1).astype(np.int64)
+    out["seq_candidate"] = np.where(has_d, np.nan_to_num(m["seq_candidate"].to_numpy(dtype=float), nan=-1),
+                                    -1).astype(np.int64)
+    out["dtype"] = np.where(has_c, dt_c, None)
+    out["dtype_candidate"] = np.where(has_d, dt_d, None)
+    out["shape"] = _objects([list(s) if h else None for h, s in zip(has_c, shape_c)])
+    out["shape_candidate"] = _objects([list(s) if h else None for h, s in zip(has_d, shape_d)])
+    out["metric"] = metric
+    out["rule"] = np.array([r.pattern for r in rules], dtype=object)
+    every = len(cmp_i) == n
+    for f in FIELDS:
+        if f in _FLOAT_FIELDS:
+            out[f] = cols[f]
+        elif every:
+            v = vals[f]
+            out[f] = v.astype(np.int64) if f != "max_ulp" or (len(v) == 0 or int(v.max()) < 2**63) else v
+        else:
+            col = np.full(n, np.nan)
+            col[cmp_i] = vals[f].astype(np.float64)
+            out[f] = col
+    mai = np.empty(n, dtype=object)
+    mai[cmp_i] = vals["max_abs_index"]
+    out["max_abs_index"] = mai
+    out.update(aa=aa_val, value=value, threshold=threshold, exceeded=exceeded.astype(bool), status=status)
+    table = pd.DataFrame(out)
+    table["_order"] = np.where(table["seq"] >= 0, table["seq"], table["seq_candidate"] + 10**12)
+    return table.sort_values("_order", kind="stable").drop(columns="_order").reset_index(drop=True)
+
+
+def _objects(items: list) -> np.ndarray:
+    """A 1-D object array of these items (lists stay list elements)."""
+    a = np.empty(len(items), dtype=object)
+    for i, v in enumerate(items):
+        a[i] = v
+    return a

@@ -115,23 +115,33 @@ def read_shard_header(path: Path) -> tuple[int, dict[str, tuple[str, list[int], 
     base = 8 + hl
     entries = {}
     spans = []
+    fields = {"dtype", "shape", "data_offsets"}
+    sizes = {k: v.itemsize for k, v in NUMPY_DTYPES.items()}
+    limit = size - base
     for name, e in header.items():
-        if not isinstance(e, dict) or set(e) != {"dtype", "shape", "data_offsets"}:
+        if type(e) is not dict or len(e) != 3 or e.keys() != fields:
             raise bad(f"entry {name!r} must hold exactly dtype, shape and data_offsets")
-        dt = SAFETENSORS_TO_NAME.get(e["dtype"]) if isinstance(e["dtype"], str) else None
-        shape, offs = e["shape"], e["data_offsets"]
+        sdt, shape, offs = e["dtype"], e["shape"], e["data_offsets"]
+        dt = SAFETENSORS_TO_NAME.get(sdt) if type(sdt) is str else None
         if dt is None:
-            raise bad(f"entry {name!r} has dtype {e['dtype']!r}, which captures cannot hold")
-        if not isinstance(shape, list) or not all(type(d) is int and 0 <= d <= INT_MAX for d in shape):
+            raise bad(f"entry {name!r} has dtype {sdt!r}, which captures cannot hold")
+        if type(shape) is not list:
             raise bad(f"entry {name!r} has shape {shape!r}")
-        if (not isinstance(offs, list) or len(offs) != 2 or not all(type(o) is int for o in offs)
-                or not 0 <= offs[0] <= offs[1] <= size - base):
-            raise bad(f"entry {name!r} has data_offsets {offs!r} outside the data ({size - base} bytes)")
-        if offs[1] - offs[0] != numel(shape) * itemsize(dt):
-            raise bad(f"entry {name!r}: data_offsets {offs} hold {offs[1] - offs[0]} bytes, shape {shape} of "
-                      f"{dt} needs {numel(shape) * itemsize(dt)}")
-        entries[name] = (dt, shape, base + offs[0], base + offs[1])
-        spans.append((offs[0], offs[1], name))
+        count = 1
+        for d in shape:
+            if type(d) is not int or not 0 <= d <= INT_MAX:
+                raise bad(f"entry {name!r} has shape {shape!r}")
+            count *= d
+        if type(offs) is not list or len(offs) != 2:
+            raise bad(f"entry {name!r} has data_offsets {offs!r} outside the data ({limit} bytes)")
+        o0, o1 = offs
+        if type(o0) is not int or type(o1) is not int or not 0 <= o0 <= o1 <= limit:
+            raise bad(f"entry {name!r} has data_offsets {offs!r} outside the data ({limit} bytes)")
+        if o1 - o0 != count * sizes[dt]:
+            raise bad(f"entry {name!r}: data_offsets {offs} hold {o1 - o0} bytes, shape {shape} of "
+                      f"{dt} needs {count * sizes[dt]}")
+        entries[name] = (dt, shape, base + o0, base + o1)
+        spans.append((o0, o1, name))
     spans.sort()
     end = 0
     for a, b, name in spans:  # safetensors requires the entries to tile the data without holes
@@ -189,11 +199,13 @@ INT_MAX = 2**63 - 1  # every integer of a manifest fits an int64
 
 
 def _no_duplicates(pairs):
-    d = {}
-    for k, v in pairs:
-        if k in d:
-            raise _DuplicateJSONKey(k)
-        d[k] = v
+    d = dict(pairs)  # in C; a key seen twice leaves fewer entries than pairs
+    if len(d) != len(pairs):
+        seen = set()
+        for k, _ in pairs:
+            if k in seen:
+                raise _DuplicateJSONKey(k)
+            seen.add(k)
     return d
 
 
@@ -289,10 +301,19 @@ def load_manifest(root: Path) -> dict:
 
 
 def _check_column_types(cols: dict, root: Path, shard_bytes: list[int]) -> None:
+    # in bulk (map, set and numpy run in C: manifests hold 100k tensors); the first bad entry is
+    # then looked for element by element, for the message
+    import itertools
+    import operator
+
     nshards = len(shard_bytes)
+
     def ints(name, lo):
         v = cols[name]
-        if not all(type(x) is int and lo <= x <= INT_MAX for x in v):
+        ok = set(map(type, v)) <= {int}
+        if ok and v:
+            ok = lo <= min(v) and max(v) <= INT_MAX
+        if not ok:
             i, bad = next((i, x) for i, x in enumerate(v) if not (type(x) is int and lo <= x <= INT_MAX))
             raise _err(f"tensors.{name}[{i}] must be an int in [{lo}, 2**63), found {bad!r}", root)
 
@@ -304,19 +325,30 @@ def _check_column_types(cols: dict, root: Path, shard_bytes: list[int]) -> None:
     ints("nbytes", 0)
     ints("shard", 0)
     for name in ("op", "name"):
-        if not all(isinstance(x, str) and x for x in cols[name]):
+        if not (set(map(type, cols[name])) <= {str} and all(cols[name])):
             raise _err(f"tensors.{name} must hold non-empty strings", root)
     if cols["shard"] and max(cols["shard"]) >= nshards:
         raise _err(f"tensors.shard refers to shard {max(cols['shard'])} but only {nshards} are listed", root)
-    for i, (dt, shp, nb) in enumerate(zip(cols["dtype"], cols["shape"], cols["nbytes"])):
-        if not isinstance(dt, str) or dt not in DTYPES:
-            raise _err(f"tensors.dtype[{i}] is {dt!r}, expected one of {sorted(DTYPES)}", root)
-        if not isinstance(shp, list) or len(shp) > 64 or not all(type(d) is int and 0 <= d <= INT_MAX for d in shp):
-            raise _err(f"tensors.shape[{i}] must be a list of at most 64 ints in [0, 2**63), got {shp!r}", root)
-        if numel(shp) * itemsize(dt) != nb:
-            raise _err(f"tensors.nbytes[{i}] = {nb} does not match shape {shp} of {dt} "
-                       f"({numel(shp)} x {itemsize(dt)} bytes)", root)
-    if not all(isinstance(x, dict) for x in cols["tags"]):
+    dts, shapes, nbs = cols["dtype"], cols["shape"], cols["nbytes"]
+    sizes = {k: v.itemsize for k, v in NUMPY_DTYPES.items()}
+    ok = set(map(type, dts)) <= {str} and set(dts) <= set(DTYPES) and set(map(type, shapes)) <= {list}
+    if ok and shapes:
+        flat = list(itertools.chain.from_iterable(shapes))
+        ok = max(map(len, shapes)) <= 64 and set(map(type, flat)) <= {int} and (
+            not flat or (min(flat) >= 0 and max(flat) <= INT_MAX))
+        if ok:
+            need = list(map(operator.mul, map(math.prod, shapes), map(sizes.__getitem__, dts)))
+            ok = need == nbs
+    if not ok:
+        for i, (dt, shp, nb) in enumerate(zip(dts, shapes, nbs)):
+            if not isinstance(dt, str) or dt not in DTYPES:
+                raise _err(f"tensors.dtype[{i}] is {dt!r}, expected one of {sorted(DTYPES)}", root)
+            if not isinstance(shp, list) or len(shp) > 64 or not all(type(d) is int and 0 <= d <= INT_MAX for d in shp):
+                raise _err(f"tensors.shape[{i}] must be a list of at most 64 ints in [0, 2**63), got {shp!r}", root)
+            if numel(shp) * itemsize(dt) != nb:
+                raise _err(f"tensors.nbytes[{i}] = {nb} does not match shape {shp} of {dt} "
+                           f"({numel(shp)} x {itemsize(dt)} bytes)", root)
+    if not set(map(type, cols["tags"])) <= {dict}:
         raise _err("tensors.tags must hold objects", root)
     seq = np.asarray(cols["seq"], dtype=np.int64)
     if len(seq) and len(np.unique(seq)) != len(seq):

@@ -36,7 +36,7 @@ from workbench.capture.format import KEY_FIELDS
 from workbench.capture.reader import Capture
 from workbench.errors import DimsError, KeyNotFoundError
 
-__all__ = ["LogicalCapture", "has_layout", "layout_signature", "describe_layout"]
+__all__ = ["LogicalCapture", "has_layout", "layout_signature", "same_layout", "describe_layout"]
 
 GROUP = ["step", "layer", "op", "name"]
 
@@ -46,15 +46,33 @@ def has_layout(cap: Capture) -> bool:
     return bool(cap.index["tags"].map(lambda t: bool((t or {}).get("dims"))).any())
 
 
-def layout_signature(cap: Capture) -> frozenset:
-    """What a capture's parallel layout is made of: its ranks with their coordinates, and each
-    tensor's dims spec. Two captures with equal signatures pair up rank by rank."""
+def _layout_parts(cap: Capture) -> tuple[frozenset, dict]:
     idx = cap.index
     coords = idx["tags"].map(lambda t: tuple(sorted((k, v) for k, v in (t or {}).items()
                                                     if k.endswith(("_rank", "_size")) and k[:-5] in AXES)))
-    ranks = set(zip(idx["rank"].tolist(), coords.tolist()))
-    specs = set(zip(idx["op"].tolist(), idx["name"].tolist(), idx["tags"].map(lambda t: (t or {}).get("dims")).tolist()))
-    return frozenset(ranks) | frozenset(("spec", *s) for s in specs)
+    ranks = frozenset(zip(idx["rank"].tolist(), coords.tolist()))
+    specs: dict = {}
+    for o, n, d in zip(idx["op"].tolist(), idx["name"].tolist(), idx["tags"].map(lambda t: (t or {}).get("dims")).tolist()):
+        specs.setdefault((o, n), set()).add(d)
+    return ranks, specs
+
+
+def layout_signature(cap: Capture) -> frozenset:
+    """What a capture's parallel layout is made of: its ranks with their coordinates, and each
+    tensor's dims spec. Two captures with equal signatures pair up rank by rank."""
+    ranks, specs = _layout_parts(cap)
+    return ranks | frozenset(("spec", o, n, d) for (o, n), ds in specs.items() for d in ds)
+
+
+def same_layout(caps) -> bool:
+    """Whether these captures pair up rank by rank: the same ranks with the same coordinates, and
+    the same dims specs for every tensor name they all hold (a tensor only one arm holds is a
+    missing key, not another layout)."""
+    parts = [_layout_parts(c) for c in caps]
+    if len({r for r, _ in parts}) > 1:
+        return False
+    common = set.intersection(*(set(s) for _, s in parts)) if parts else set()
+    return all(len({frozenset(s[k]) for _, s in parts}) == 1 for k in common)
 
 
 def _coords(rows: pd.DataFrame, dims: Dims | None) -> tuple[list[str], list[tuple]] | str:

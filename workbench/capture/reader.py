@@ -185,33 +185,61 @@ class Capture:
         return safe_join(self.path, self.shards[shard]["path"], what=f"shards[{shard}]")
 
     def _map(self, row) -> np.ndarray:
-        """Memory-map one tensor's bytes as a flat numpy array (copy-on-write: never alters the file)."""
+        """Memory-map one tensor's bytes as a flat numpy array (copy-on-write: never alters the
+        file; unmapped when the array is dropped, so reading a capture holds no more memory than
+        the tensors in use)."""
         dt = NUMPY_DTYPES[row["dtype"]]
         n = int(row["nbytes"]) // dt.itemsize
         if n == 0:
             return np.empty(0, dtype=dt)
-        shard = int(row["shard"])
+        off = int(row["offset"])
+        p = self._shard_file(int(row["shard"]), key=row, end=off + int(row["nbytes"]))
+        return np.memmap(p, dtype=dt, mode="c", offset=off, shape=(n,))
+
+    def shard_buffer(self, shard: int) -> np.ndarray:
+        """The whole shard file as one flat uint8 array, memory-mapped copy-on-write (a new
+        mapping per call: pages are read on first touch and the mapping goes with the array),
+        after the shard's header was checked against the manifest (and, with ``verify``, its
+        sha256). Bulk readers take their tensors as slices of it."""
+        p = self._shard_file(shard)
+        return np.memmap(p, dtype=np.uint8, mode="c") if self._shared["sizes"][shard] else np.empty(0, np.uint8)
+
+    def _shard_file(self, shard: int, *, key=None, end: int = 0) -> Path:
+        """The shard's path, once its header was checked (cached, with its size, for the
+        capture and every view of it); raises ShardError when it is missing, not a file, or
+        shorter than ``end`` bytes."""
+        sizes = self._shared.setdefault("sizes", {})
+        paths = self._shared.setdefault("paths", {})
+        if shard in sizes and sizes[shard] >= end:
+            return paths[shard]
         p = self.shard_path(shard)
-        key = {f: row[f] for f in KEY_FIELDS}
+        kd = {f: key[f] for f in KEY_FIELDS} if key is not None else None
         try:
             st = p.stat()
         except FileNotFoundError:
-            raise ShardError("shard file is missing", file=p, key=key,
+            raise ShardError("shard file is missing", file=p, key=kd,
                              fix="restore the shard from the source, or re-capture") from None
         if not stat.S_ISREG(st.st_mode):
-            raise ShardError("the shard is not a regular file", file=p, key=key,
+            raise ShardError("the shard is not a regular file", file=p, key=kd,
                              fix="the manifest names a directory or device; restore the shard or re-capture")
-        size = st.st_size
-        end = int(row["offset"]) + int(row["nbytes"])
-        if size < end:
-            raise ShardError(f"shard is truncated: {size} bytes, the tensor ends at byte {end}",
-                             file=p, key=key, fix="re-copy the shard (the copy was cut short) or re-capture")
+        if st.st_size < end:
+            raise ShardError(f"shard is truncated: {st.st_size} bytes, the tensor ends at byte {end}",
+                             file=p, key=kd, fix="re-copy the shard (the copy was cut short) or re-capture")
         if shard not in self._shared["checked"]:
             self._check_shard(shard, p, sha=self.verify_on_read)
-        return np.memmap(p, dtype=dt, mode="c", offset=int(row["offset"]), shape=(n,))
+        sizes[shard], paths[shard] = st.st_size, p
+        return p
 
-    def _shard_rows(self, shard: int) -> list[dict]:
-        """The manifest rows stored in ``shard`` (grouped once per capture, not scanned per shard)."""
+    def __getstate__(self) -> dict:
+        # what crosses to another process (a dask worker): no mappings; the receiver checks the
+        # headers of the shards it reads again, on its own copy of the files
+        state = dict(self.__dict__)
+        state["_shared"] = {"checked": set(), "rows_by_shard": self._shared.get("rows_by_shard")}
+        return state
+
+    def _shard_rows(self, shard: int) -> dict[str, list]:
+        """The manifest rows stored in ``shard``, as columns (grouped once per capture, not
+        scanned per shard)."""
         cols = self._manifest["tensors"]
         groups = self._shared["rows_by_shard"]
         if groups is None:
@@ -221,7 +249,8 @@ class Capture:
             groups = [order[bounds[i]:bounds[i + 1]] for i in range(len(self.shards))]
             self._shared["rows_by_shard"] = groups
         fields = ("rank", "step", "layer", "op", "name", "seq", "dtype", "shape", "offset", "nbytes")
-        return [{c: cols[c][i] for c in fields} for i in groups[shard].tolist()]
+        idx = groups[shard].tolist()
+        return {c: [cols[c][i] for i in idx] for c in fields}
 
     def _check_shard(self, shard: int, p: Path, *, sha: bool, chunk: int = 8 << 20) -> None:
         """The shard's header agrees with every manifest entry that points into it (raises
@@ -341,11 +370,38 @@ def _sha256(p: Path, chunk: int = 8 << 20) -> str:
 _ENTRY = re.compile(r"t[0-9]+")
 
 
-def header_mismatch(p: Path, rows: list[dict]) -> tuple[str, dict] | None:
-    """The first way the shard's header disagrees with these manifest rows, or None."""
+def _all_agree(entries: dict, meta: dict, cols: dict[str, list]) -> bool:
+    """True when every row finds its own entry ``t<seq>`` with its offset, dtype, shape and size
+    (and key, where the header lists keys): the common case, checked in bulk. False sends the
+    caller through the row-by-row check, which names the first disagreement."""
+    import json
+
+    names = [f"t{q}" for q in cols["seq"]]
+    get = entries.get
+    for nm, off, dt, nb, shp in zip(names, cols["offset"], cols["dtype"], cols["nbytes"], cols["shape"]):
+        h = get(nm)
+        if h is None or h[2] != off or h[0] != dt or h[3] - h[2] != nb or list(h[1]) != list(shp):
+            return False
+    if "keys" in meta:
+        try:
+            keys = json.loads(meta["keys"])
+        except ValueError:
+            return False
+        rows = zip(names, *(cols[f] for f in KEY_FIELDS))
+        return all(list(keys[r[0]]) == list(r[1:]) for r in rows if r[0] in keys)
+    return True
+
+
+def header_mismatch(p: Path, rows) -> tuple[str, dict] | None:
+    """The first way the shard's header disagrees with these manifest rows (a list of row dicts,
+    or a dict of columns), or None."""
     import json
 
     _, entries, meta = read_shard_header(p)
+    if isinstance(rows, dict):
+        if _all_agree(entries, meta, rows):
+            return None
+        rows = [dict(zip(rows, vals)) for vals in zip(*rows.values())]
     by_start = {e[2]: (name, e) for name, e in entries.items() if e[3] > e[2]}  # non-empty ones
     # a CaptureWriter names entry seq s "t<s>": then each row must find its own entry
     ours = meta.get("format") == "workbench-capture" and all(_ENTRY.fullmatch(n) for n in entries)

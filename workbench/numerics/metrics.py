@@ -33,7 +33,7 @@ from numba.cpython.unsafe.numbers import leading_zeros, viewer
 from workbench.errors import KernelArgumentError
 from workbench.numerics.dtypes import canonical, fmt
 
-__all__ = ["Comparison", "compare", "as_numpy_bits", "FIELDS"]
+__all__ = ["Comparison", "compare", "compare_batch", "as_numpy_bits", "FIELDS", "BATCH_MAX"]
 
 _EXACT_BINS = 256
 # Below this many elements a single thread beats waking numba's pool (which costs milliseconds
@@ -250,6 +250,132 @@ def _scatter(bins, m, h):
         h[0, bins[j]] += 1
 
 
+@numba.njit(nogil=True, cache=True)
+def _range_stats(va, ia, luta, sa, vb, ib, lutb, sb, atol, rtol, lo, hi, same_bits, s, hist):
+    """The statistics of elements ``lo:hi`` into ``s`` (a stats vector) and ``hist`` (the ULP
+    histogram, added to); returns the largest ULP distance. One block of :func:`_kernel`, and one
+    small tensor of :func:`_batch_kernel`: the same arithmetic either way."""
+    h = np.zeros((_HCOPIES, _NBINS), dtype=np.int64)
+    bins = np.empty(_SUB, dtype=np.int16)
+    sa2 = 0.0
+    sb2 = 0.0
+    sab = 0.0
+    sd2 = 0.0
+    sad = 0.0
+    maxd = -1.0
+    arg = -1
+    nout = 0
+    nana = 0
+    nanb = 0
+    infa = 0
+    infb = 0
+    maxu = np.uint64(0)
+    ndiff = 0
+    nboth = 0
+    nmis = 0
+    for s_lo in range(lo, hi, _SUB):
+        s_hi = min(hi, s_lo + _SUB)
+        if same_bits and _n_equal_bits(ia[s_lo:s_hi], ib[s_lo:s_hi]) == s_hi - s_lo:
+            # bit-identical sub-block (common before a divergence): one sum decides it
+            a2 = _sq(va[s_lo:s_hi], luta)
+            if a2 - a2 == 0.0:
+                sa2 += a2
+                sb2 += a2
+                sab += a2
+                nboth += s_hi - s_lo
+                h[0, 0] += s_hi - s_lo
+                continue
+        runmax = max(maxd, 0.0)
+        a2, b2, ab, d2, ad, no, nd, ngt = _sums(va[s_lo:s_hi], luta, vb[s_lo:s_hi], lutb, atol, rtol, runmax)
+        if a2 - a2 == 0.0 and b2 - b2 == 0.0:
+            # every element finite on both sides (or the fast path overflowed: see below)
+            sa2 += a2
+            sb2 += b2
+            sab += ab
+            sd2 += d2
+            sad += ad
+            nout += no
+            ndiff += nd
+            nboth += s_hi - s_lo
+            if ngt > 0:
+                # the first index of the sub-block's maximum, if it beats the running one
+                for i in range(s_lo, s_hi):
+                    d = abs(_load(vb, lutb, i) - _load(va, luta, i))
+                    if d > runmax:
+                        runmax = d
+                        maxd = d
+                        arg = i
+            if nd > 0:
+                mu = _ulp_bins(ia[s_lo:s_hi], sa, ib[s_lo:s_hi], sb, bins)
+                if mu > maxu:
+                    maxu = mu
+                _scatter(bins, s_hi - s_lo, h)
+            else:
+                h[0, 0] += s_hi - s_lo
+            continue
+        # a NaN/Inf (or a square overflowing float64): the careful element-wise path
+        for i in range(s_lo, s_hi):
+            x = _load(va, luta, i)
+            y = _load(vb, lutb, i)
+            fx = x - x == 0.0
+            fy = y - y == 0.0
+            if fx and fy:
+                nboth += 1
+                sa2 += x * x
+                sb2 += y * y
+                sab += x * y
+                if x == y:
+                    h[0, 0] += 1
+                    continue
+                ndiff += 1
+                d = abs(y - x)
+                sd2 += d * d
+                sad += d
+                if d > maxd:
+                    maxd = d
+                    arg = i
+                if d > atol + rtol * abs(x):
+                    nout += 1
+                u = _ulp(ia[i], sa, ib[i], sb)
+                if u > maxu:
+                    maxu = u
+                h[0, _bin(u)] += 1
+            else:
+                if x != x:
+                    nana += 1
+                elif not fx:
+                    infa += 1
+                if y != y:
+                    nanb += 1
+                elif not fy:
+                    infb += 1
+                same = (x != x and y != y) or (x == y)
+                if not same:
+                    nout += 1
+                    ndiff += 1
+                    nmis += 1
+    for c in range(_HCOPIES):
+        for k in range(_NBINS):
+            hist[k] += h[c, k]
+    s[_N] = max(hi - lo, 0)
+    s[_SA2] = sa2
+    s[_SB2] = sb2
+    s[_SAB] = sab
+    s[_SD2] = sd2
+    s[_SAD] = sad
+    s[_MAXD] = maxd
+    s[_ARG] = arg
+    s[_OUT] = nout
+    s[_NANA] = nana
+    s[_NANB] = nanb
+    s[_INFA] = infa
+    s[_INFB] = infb
+    s[_NDIFF] = ndiff
+    s[_NBOTH] = nboth
+    s[_NMIS] = nmis
+    return maxu
+
+
 @numba.njit(parallel=True, nogil=True, cache=True)
 def _kernel(va, ia, luta, sa, vb, ib, lutb, sb, atol, rtol, n_blocks, same_bits):
     n = va.shape[0]
@@ -260,127 +386,110 @@ def _kernel(va, ia, luta, sa, vb, ib, lutb, sb, atol, rtol, n_blocks, same_bits)
     for blk in numba.prange(n_blocks):
         lo = blk * block
         hi = min(n, lo + block)
-        h = np.zeros((_HCOPIES, _NBINS), dtype=np.int64)
-        bins = np.empty(_SUB, dtype=np.int16)
-        sa2 = 0.0
-        sb2 = 0.0
-        sab = 0.0
-        sd2 = 0.0
-        sad = 0.0
-        maxd = -1.0
-        arg = -1
-        nout = 0
-        nana = 0
-        nanb = 0
-        infa = 0
-        infb = 0
-        maxu = np.uint64(0)
-        ndiff = 0
-        nboth = 0
-        nmis = 0
-        for s_lo in range(lo, hi, _SUB):
-            s_hi = min(hi, s_lo + _SUB)
-            if same_bits and _n_equal_bits(ia[s_lo:s_hi], ib[s_lo:s_hi]) == s_hi - s_lo:
-                # bit-identical sub-block (common before a divergence): one sum decides it
-                a2 = _sq(va[s_lo:s_hi], luta)
-                if a2 - a2 == 0.0:
-                    sa2 += a2
-                    sb2 += a2
-                    sab += a2
-                    nboth += s_hi - s_lo
-                    h[0, 0] += s_hi - s_lo
-                    continue
-            runmax = max(maxd, 0.0)
-            a2, b2, ab, d2, ad, no, nd, ngt = _sums(va[s_lo:s_hi], luta, vb[s_lo:s_hi], lutb, atol, rtol, runmax)
-            if a2 - a2 == 0.0 and b2 - b2 == 0.0:
-                # every element finite on both sides (or the fast path overflowed: see below)
-                sa2 += a2
-                sb2 += b2
-                sab += ab
-                sd2 += d2
-                sad += ad
-                nout += no
-                ndiff += nd
-                nboth += s_hi - s_lo
-                if ngt > 0:
-                    # the first index of the sub-block's maximum, if it beats the running one
-                    for i in range(s_lo, s_hi):
-                        d = abs(_load(vb, lutb, i) - _load(va, luta, i))
-                        if d > runmax:
-                            runmax = d
-                            maxd = d
-                            arg = i
-                if nd > 0:
-                    mu = _ulp_bins(ia[s_lo:s_hi], sa, ib[s_lo:s_hi], sb, bins)
-                    if mu > maxu:
-                        maxu = mu
-                    _scatter(bins, s_hi - s_lo, h)
-                else:
-                    h[0, 0] += s_hi - s_lo
-                continue
-            # a NaN/Inf (or a square overflowing float64): the careful element-wise path
-            for i in range(s_lo, s_hi):
-                x = _load(va, luta, i)
-                y = _load(vb, lutb, i)
-                fx = x - x == 0.0
-                fy = y - y == 0.0
-                if fx and fy:
-                    nboth += 1
-                    sa2 += x * x
-                    sb2 += y * y
-                    sab += x * y
-                    if x == y:
-                        h[0, 0] += 1
-                        continue
-                    ndiff += 1
-                    d = abs(y - x)
-                    sd2 += d * d
-                    sad += d
-                    if d > maxd:
-                        maxd = d
-                        arg = i
-                    if d > atol + rtol * abs(x):
-                        nout += 1
-                    u = _ulp(ia[i], sa, ib[i], sb)
-                    if u > maxu:
-                        maxu = u
-                    h[0, _bin(u)] += 1
-                else:
-                    if x != x:
-                        nana += 1
-                    elif not fx:
-                        infa += 1
-                    if y != y:
-                        nanb += 1
-                    elif not fy:
-                        infb += 1
-                    same = (x != x and y != y) or (x == y)
-                    if not same:
-                        nout += 1
-                        ndiff += 1
-                        nmis += 1
-        for c in range(_HCOPIES):
-            for k in range(_NBINS):
-                hist[blk, k] += h[c, k]
-        s = stats[blk]
-        s[_N] = max(hi - lo, 0)
-        s[_SA2] = sa2
-        s[_SB2] = sb2
-        s[_SAB] = sab
-        s[_SD2] = sd2
-        s[_SAD] = sad
-        s[_MAXD] = maxd
-        s[_ARG] = arg
-        s[_OUT] = nout
-        s[_NANA] = nana
-        s[_NANB] = nanb
-        s[_INFA] = infa
-        s[_INFB] = infb
-        maxus[blk] = maxu
-        s[_NDIFF] = ndiff
-        s[_NBOTH] = nboth
-        s[_NMIS] = nmis
+        maxus[blk] = _range_stats(va, ia, luta, sa, vb, ib, lutb, sb, atol, rtol, lo, hi, same_bits,
+                                  stats[blk], hist[blk])
     return stats, hist, maxus
+
+
+@numba.njit(nogil=True, cache=True)
+def _median_of(hist):
+    """:func:`_hist_median` inside numba (the same integer arithmetic)."""
+    total = 0
+    for k in range(hist.shape[0]):
+        total += hist[k]
+    if total == 0:
+        return 0.0
+    half = (total + 1) // 2
+    c = 0
+    for k in range(hist.shape[0]):
+        c += hist[k]
+        if c >= half:
+            if k < _EXACT_BINS:
+                return float(k)
+            return float(2 ** (k - _EXACT_BINS + 8))
+    return 0.0
+
+
+@numba.njit(parallel=True, nogil=True, cache=True)
+def _batch_kernel(va, ia, luta, sa, vb, ib, lutb, sb, atol, rtol, offa, offb, ns):
+    """Many small tensors of one format in one call: pair ``p`` is ``va[offa[p]:offa[p] + ns[p]]``
+    against ``vb[offb[p]:...]``, each one block of :func:`_range_stats` (as :func:`compare` runs a
+    tensor of at most ``_BLOCK`` elements), pairs spread over the threads."""
+    m = ns.shape[0]
+    stats = np.zeros((m, _NSTATS), dtype=np.float64)
+    maxus = np.zeros(m, dtype=np.uint64)
+    medians = np.zeros(m, dtype=np.float64)
+    for p in numba.prange(m):
+        hist = np.zeros(_NBINS, dtype=np.int64)
+        a0 = offa[p]
+        b0 = offb[p]
+        n = ns[p]
+        maxus[p] = _range_stats(va[a0:a0 + n], ia[a0:a0 + n], luta, sa, vb[b0:b0 + n], ib[b0:b0 + n], lutb, sb,
+                                atol, rtol, 0, n, True, stats[p], hist)
+        medians[p] = _median_of(hist)
+    return stats, maxus, medians
+
+
+# formats the batched path reads straight from a shard: storage dtype of the values, of the bits
+_BATCH_VIEWS = {"fp32": (np.float32, np.int32), "fp64": (np.float64, np.int64),
+                "bf16": (np.uint16, np.uint16), "fp16": (np.uint16, np.uint16)}
+BATCH_MAX = _BLOCK  # tensors of at most this many elements are one block: batched exactly as compare() runs them
+
+
+def compare_batch(buf_a: np.ndarray, offs_a, buf_b: np.ndarray, offs_b, ns, shapes, kind: str, *,
+                  atol: float = 1e-5, rtol: float = 1e-3) -> dict[str, np.ndarray]:
+    """:func:`compare` of many small same-format tensors at once, as columns.
+
+    ``buf_a``/``buf_b`` are flat arrays of one storage format (bf16/fp16 as uint16 bits, fp32,
+    fp64: e.g. a whole memory-mapped shard viewed as that format); pair ``p`` is the ``ns[p]``
+    elements from element ``offs_a[p]`` of ``buf_a`` against those from ``offs_b[p]`` of
+    ``buf_b``, of shape ``shapes[p]``, and at most :data:`BATCH_MAX` elements. ULPs are counted
+    in ``kind``. Returns one array per field of :class:`Comparison` (``max_abs_index`` an object
+    array of tuples or None, plus ``ref_norm``), each value the one :func:`compare` gives.
+    """
+    vt, it = _BATCH_VIEWS[kind]
+    va, vb = buf_a.view(vt), buf_b.view(vt)
+    ia, ib = va.view(it), vb.view(it)
+    offs_a = np.ascontiguousarray(offs_a, dtype=np.int64)
+    offs_b = np.ascontiguousarray(offs_b, dtype=np.int64)
+    ns = np.ascontiguousarray(ns, dtype=np.int64)
+    if len(ns) and int(ns.max()) > BATCH_MAX:
+        raise KernelArgumentError(f"compare_batch: tensors of at most {BATCH_MAX} elements, got {int(ns.max())}",
+                                  key="ns", fix="compare larger tensors one by one with compare()")
+    luta = _decoder(kind)
+    sign = _SIGN[kind]
+    st, maxu, med = _batch_kernel(va, ia, luta, sign, vb, ib, luta, sign, float(atol), float(rtol),
+                                  offs_a, offs_b, ns)
+    return finish_batch(st, maxu, med, ns, shapes, kind, atol, rtol)
+
+
+def finish_batch(st, maxu, median, ns, shapes, kind, atol, rtol) -> dict[str, np.ndarray]:
+    """:func:`_finish` over rows of one-block statistics, vectorised (the same formulas)."""
+    n = np.asarray(ns, dtype=np.int64)
+    sa2, sb2, sab, sd2, sad = (st[:, i] for i in (_SA2, _SB2, _SAB, _SD2, _SAD))
+    nboth = st[:, _NBOTH]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        rel = np.where(sa2 > 0, np.sqrt(sd2 / np.where(sa2 > 0, sa2, 1.0)), np.where(sd2 == 0, 0.0, np.inf))
+        pos = (sa2 > 0) & (sb2 > 0)
+        cos = np.where(pos, sab / np.sqrt(np.where(pos, sa2 * sb2, 1.0)), np.where(sa2 == sb2, 1.0, 0.0))
+        sqnr = np.where(sd2 == 0, np.inf, np.where(sa2 > 0, 10.0 * np.log10(np.where(sa2 > 0, sa2, 1.0)
+                                                                               / np.where(sd2 > 0, sd2, 1.0)), -np.inf))
+        mean = np.where(nboth > 0, sad / np.where(nboth > 0, nboth, 1.0), 0.0)
+        frac = np.where(n > 0, st[:, _OUT] / np.where(n > 0, n, 1), 0.0)
+    maxd = st[:, _MAXD]
+    max_abs = np.where(maxd > 0, maxd, 0.0)
+    where = np.empty(len(n), dtype=object)
+    for p in np.flatnonzero(maxd > 0).tolist():
+        shp = shapes[p]
+        where[p] = tuple(int(v) for v in np.unravel_index(int(st[p, _ARG]), shp)) if len(shp) else ()
+    return {
+        "rel_l2": rel, "max_abs": max_abs, "max_abs_index": where, "mean_abs": mean, "cosine": cos,
+        "sqnr_db": sqnr, "max_ulp": maxu, "median_ulp": median,
+        "frac_outside": frac, "n_diff": st[:, _NDIFF].astype(np.int64), "nan_a": st[:, _NANA].astype(np.int64),
+        "nan_b": st[:, _NANB].astype(np.int64), "inf_a": st[:, _INFA].astype(np.int64),
+        "inf_b": st[:, _INFB].astype(np.int64), "n_nonfinite_mismatch": st[:, _NMIS].astype(np.int64),
+        "ref_norm": np.sqrt(sa2),
+    }
 
 
 def as_numpy_bits(x) -> tuple[np.ndarray, str]:
