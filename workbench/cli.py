@@ -54,11 +54,47 @@ def cmd_inspect(args) -> int:
     return 0
 
 
+class _cluster:
+    """``with _cluster(args) as client``: a dask client for --scheduler/--workers (closed, with
+    its local cluster, on exit), or None."""
+
+    def __init__(self, args) -> None:
+        self.scheduler = getattr(args, "scheduler", None)
+        self.workers = getattr(args, "workers", None)
+        self.client = None
+
+    def __enter__(self):
+        if self.scheduler or self.workers:
+            from workbench.analysis.distributed import connect
+
+            self.client = connect(self.scheduler, workers=self.workers)
+            info = self.client.scheduler_info()
+            print(f"dask: {len(info.get('workers', {}))} worker(s) at {info.get('address', self.scheduler)}",
+                  file=sys.stderr)
+        return self.client
+
+    def __exit__(self, *exc) -> None:
+        if self.client is not None:
+            cluster = self.client.cluster if self.workers else None
+            self.client.close()
+            if cluster is not None:
+                cluster.close()
+
+
+def _cluster_args(s) -> None:
+    s.add_argument("--scheduler", default=None, metavar="ADDRESS",
+                   help="run on the dask.distributed cluster at ADDRESS (tcp://HOST:PORT); every worker must see "
+                        "the captures at the same path (docs/scale.md)")
+    s.add_argument("--workers", type=int, default=None, metavar="N",
+                   help="start a local dask cluster of N worker processes for this run")
+
+
 def cmd_verify(args) -> int:
     from workbench.capture import open_capture
 
     cap = open_capture(args.capture)  # opening checks every manifest entry; verify checks the shards
-    report = cap.verify(raise_on_error=False)
+    with _cluster(args) as client:
+        report = cap.verify(raise_on_error=False, client=client)
     print(report)
     return 0 if report.ok else 1
 
@@ -149,8 +185,13 @@ def cmd_compare(args) -> int:
                                  fix="write PATTERN:METRIC=THRESHOLD, e.g. 'lm_head/*:rel_l2=1e-2'") from None
         rules.append(Rule(pattern=pat or "*", metric=metric, threshold=value))
     out = _writable_file(args.json, "--json") if args.json else None
-    res = compare_captures(args.control, args.candidate, aa=args.aa, rules=rules or None, dtype=args.dtype,
-                           verify=args.verify, grouping=args.grouping, align=args.align)
+    partition = None
+    if args.partition:
+        partition = [p.strip() for p in args.partition.split(",") if p.strip()]
+    with _cluster(args) as client:
+        res = compare_captures(args.control, args.candidate, aa=args.aa, rules=rules or None, dtype=args.dtype,
+                               verify=args.verify, grouping=args.grouping, align=args.align, client=client,
+                               partition=partition)
     print(res.report(rows=args.rows))
     if out is not None:
         atomic_write_json(out, json.loads(json.dumps(res.to_dict(), default=str)), indent=1)
@@ -211,6 +252,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("verify", help="check every shard's size and sha256")
     s.add_argument("capture")
+    _cluster_args(s)
     s.set_defaults(func=cmd_verify)
 
     s = sub.add_parser("import", help="turn another engine's dump into a capture")
@@ -245,6 +287,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="tokens: pair the candidate's token rows with the control's by (request, position) "
                         "(chunked vs unchunked prefill, batched vs alone); steps: step with step; auto (default): "
                         "tokens when every capture records its batch rows")
+    _cluster_args(s)
+    s.add_argument("--partition", default=None, metavar="FIELDS",
+                   help="with --scheduler/--workers: the key fields of one task (default rank,step; 'shard' groups "
+                        "by the control's shard file)")
     s.set_defaults(func=cmd_compare)
 
     s = sub.add_parser("run", help="execute notebooks (papermill), write HTML reports and a gate verdict",

@@ -229,3 +229,7 @@ class GraftError(AnalysisError):
 
 class DimsError(CaptureError):
     """A tensor layout spec (``dims``) that does not parse, or does not fit its tensor."""
+
+
+class ClusterError(WorkbenchError, RuntimeError):
+    """A dask scheduler that cannot be reached, or a cluster that cannot be started."""

@@ -112,7 +112,7 @@ def _rel(a, ref) -> float:
 
 def replay(capture, *, op: str, backends: Sequence[str] = ("torch",), policies: Sequence | Mapping | None = None,
            output: str | None = None, max_cases: int | None = None, capture_op: str | None = None,
-           **filters) -> xr.Dataset:
+           client=None, **filters) -> xr.Dataset:
     """Replay an op's captured inputs through ``backends x policies``.
 
     Parameters
@@ -125,6 +125,9 @@ def replay(capture, *, op: str, backends: Sequence[str] = ("torch",), policies: 
     max_cases: replay at most this many cases (in order)
     capture_op: the capture's name of the op when it differs from the adapter's (e.g. an engine's
         ``linear_attn`` holding the bundled ``gdn`` adapter's tensor names)
+    client: a ``dask.distributed.Client``: the cases are replayed in chunks on its workers (each
+        runs the backends it has: with dask-cuda's ``LocalCUDACluster``, one GPU per worker); the
+        dataset is the one a local run gives
     filters: restrict the cases (``layer=``, ``step=``, ``rank=``)
 
     Returns
@@ -160,29 +163,32 @@ def replay(capture, *, op: str, backends: Sequence[str] = ("torch",), policies: 
     if not cases:
         raise AnalysisError(f"no replayable {op} cases in the capture", key="filters", file=cap.path,
                             fix=f"the adapter needs {ad.op}/{list(ad.names)}; check filters {filters}")
-    variants, skipped = [], []
+    variants = []
     for b in backends:
         for lab, p in policies.items():
             variants.append((f"{b}:{lab}" if len(backends) > 1 else lab, b, p))
-    eo = np.full((len(cases), len(variants)), np.nan)
-    ec = np.full(eo.shape, np.nan)
-    cap_eo = np.zeros(len(cases))
-    with kernel_log() as log:  # which backend and code path computed each variant, in attrs
-        for i, c in enumerate(cases):
-            x = ad.load(cap, *c)
-            ref = ad.run(x, "oracle", Policy(accum_dtype="fp64"))[out]
-            captured = cap.get(op=ad.op, rank=c[0], step=c[1], layer=c[2], name=out)
-            captured = captured.reshape(ref.shape)
-            cap_eo[i] = _rel(captured, ref)
-            for j, (lab, b, p) in enumerate(variants):
-                try:
-                    y = ad.run(x, b, p)[out].reshape(ref.shape)
-                except (BackendUnavailableError, KernelArgumentError, PolicyError) as e:
-                    # a backend that cannot run here, or cannot honour a knob: an empty cell, said in attrs
-                    if not any(x.startswith(f"{lab}:") for x in skipped):
-                        skipped.append(f"{lab}: {e.message}")
-                    continue
-                eo[i, j], ec[i, j] = _rel(y, ref), _rel(y, captured)
+    if client is not None:
+        from workbench.analysis.distributed import replay_on
+
+        parts = replay_on(client, cap, op, capture_op, out, variants, cases)
+    else:
+        parts = [_replay_cases(cap, op, capture_op, out, variants, cases)]
+    eo = np.concatenate([p[0] for p in parts])
+    ec = np.concatenate([p[1] for p in parts])
+    cap_eo = np.concatenate([p[2] for p in parts])
+    skipped, seen = [], set()
+    for p in parts:  # one reason per variant label, the first task's
+        for x in p[3]:
+            lab = next((v[0] for v in variants if x.startswith(f"{v[0]}: ")), x)
+            if lab not in seen:
+                seen.add(lab)
+                skipped.append(x)
+    calls: dict = {}
+    for p in parts:  # the kernel logs of every task, calls added up
+        for rec in p[4]:
+            k = tuple(sorted((a, str(b)) for a, b in rec.items() if a != "calls"))
+            calls[k] = calls.get(k, 0) + int(rec.get("calls", 1))
+    log_summary = [{**dict(k), "calls": c} for k, c in calls.items()]
     labels = [v[0] for v in variants]
     ds = xr.Dataset({"err_oracle": (("case", "variant"), eo), "err_captured": (("case", "variant"), ec),
                      "captured_err_oracle": ("case", cap_eo)},
@@ -196,7 +202,7 @@ def replay(capture, *, op: str, backends: Sequence[str] = ("torch",), policies: 
     ds.attrs.update(analysis="replay", op=op, output=out, capture=str(cap.path), arm=cap.arm,
                     n_cases=len(cases), metric="relative L2", oracle="the op's 'oracle' backend (fp64) on the same inputs",
                     closer="err_oracle < captured_err_oracle (strictly)", skipped="; ".join(skipped) or "none",
-                    kernels=json.dumps(log.summary()))
+                    kernels=json.dumps(log_summary))
     return ds
 
 
@@ -261,6 +267,34 @@ def counterfactuals(capture, *, op: str, base: Policy | dict | None = None,
                     reproduced_by=str(ds.change[ran].values[int(np.argmin(ds.mean_err_captured[ran].values))]) if ran.any() else "none",
                     attribution="delta = mean err_oracle(change) - mean err_oracle(base); share = delta+ / sum delta+")
     return ds
+
+
+def _replay_cases(cap, op, capture_op, out, variants, cases):
+    """Replay ``cases`` through ``variants`` ((label, backend, policy)): the errors against the
+    oracle and the captured output, the captured output's error, the variants skipped (with the
+    reason) and the kernel log's summary."""
+    ad = _adapter(op, capture_op)
+    eo = np.full((len(cases), len(variants)), np.nan)
+    ec = np.full(eo.shape, np.nan)
+    cap_eo = np.zeros(len(cases))
+    skipped: list[str] = []
+    with kernel_log() as log:  # which backend and code path computed each variant, in attrs
+        for i, c in enumerate(cases):
+            x = ad.load(cap, *c)
+            ref = ad.run(x, "oracle", Policy(accum_dtype="fp64"))[out]
+            captured = cap.get(op=ad.op, rank=c[0], step=c[1], layer=c[2], name=out)
+            captured = captured.reshape(ref.shape)
+            cap_eo[i] = _rel(captured, ref)
+            for j, (lab, b, p) in enumerate(variants):
+                try:
+                    y = ad.run(x, b, p)[out].reshape(ref.shape)
+                except (BackendUnavailableError, KernelArgumentError, PolicyError) as e:
+                    # a backend that cannot run here, or cannot honour a knob: an empty cell, said in attrs
+                    if not any(x.startswith(f"{lab}:") for x in skipped):
+                        skipped.append(f"{lab}: {e.message}")
+                    continue
+                eo[i, j], ec[i, j] = _rel(y, ref), _rel(y, captured)
+    return eo, ec, cap_eo, skipped, log.summary()
 
 
 def describe_counterfactuals(cf: xr.Dataset) -> list[str]:

@@ -318,7 +318,7 @@ class Capture:
         return stacked_dataarray(view, tuple(dims), name=name, dtype=dtype)
 
     # -- integrity -----------------------------------------------------------------------------
-    def verify(self, *, raise_on_error: bool = True, chunk: int = 8 << 20) -> VerifyReport:
+    def verify(self, *, raise_on_error: bool = True, chunk: int = 8 << 20, client=None) -> VerifyReport:
         """Check every shard: it exists, its size and sha256 match the manifest, its safetensors
         header is valid (as the safetensors library checks it) and agrees with every manifest
         entry that points into it (dtype, shape, byte range and, where the writer recorded it,
@@ -326,37 +326,46 @@ class Capture:
 
         Raises ChecksumError/ShardError (naming the file, the key and the fix) unless
         ``raise_on_error=False``, in which case the report lists the status of each shard.
+        ``client`` (a ``dask.distributed.Client``): one task per shard on its workers, which
+        must see the capture at the same path.
         """
-        rows = []
-        first_error: Exception | None = None
-        for i, s in enumerate(self.shards):
-            p = self.shard_path(i)
-            status = "ok"
-            err: Exception | None = None
-            if not p.exists():
-                status = "missing"
-                err = ShardError("shard file is missing", file=p, fix="restore it from the source or re-capture")
-            elif not p.is_file():
-                status = "not a regular file"
-                err = ShardError("the shard is not a regular file", file=p,
-                                 fix="restore the shard from the source or re-capture")
-            else:
-                try:
-                    self._check_shard(i, p, sha=True, chunk=chunk)
-                except ChecksumError as e:
-                    status = "sha256 mismatch" if "sha256" in e.message else f"size {p.stat().st_size} != {s['bytes']}"
-                    err = e
-                except ShardError as e:
-                    status = ("header disagrees with manifest" if "disagree" in e.message
-                              else "bad safetensors header")
-                    err = e
-            rows.append(dict(shard=i, path=s["path"], bytes=s["bytes"], status=status))
-            if err is not None and first_error is None:
-                first_error = err
+        if client is not None:
+            from workbench.analysis.distributed import verify_on
+
+            results = verify_on(client, self, chunk=chunk)
+        else:
+            results = [self._verify_shard(i, chunk) for i in range(len(self.shards))]
+        rows = [r for r, _ in results]
+        first_error = next((e for _, e in results if e is not None), None)
         report = VerifyReport(self.path, pd.DataFrame(rows, columns=["shard", "path", "bytes", "status"]))
         if first_error is not None and raise_on_error:
             raise first_error
         return report
+
+    def _verify_shard(self, i: int, chunk: int = 8 << 20) -> tuple[dict, Exception | None]:
+        """One shard's row of :meth:`verify` and the error that explains a bad status."""
+        s = self.shards[i]
+        p = self.shard_path(i)
+        status = "ok"
+        err: Exception | None = None
+        if not p.exists():
+            status = "missing"
+            err = ShardError("shard file is missing", file=p, fix="restore it from the source or re-capture")
+        elif not p.is_file():
+            status = "not a regular file"
+            err = ShardError("the shard is not a regular file", file=p,
+                             fix="restore the shard from the source or re-capture")
+        else:
+            try:
+                self._check_shard(i, p, sha=True, chunk=chunk)
+            except ChecksumError as e:
+                status = "sha256 mismatch" if "sha256" in e.message else f"size {p.stat().st_size} != {s['bytes']}"
+                err = e
+            except ShardError as e:
+                status = ("header disagrees with manifest" if "disagree" in e.message
+                          else "bad safetensors header")
+                err = e
+        return dict(shard=i, path=s["path"], bytes=s["bytes"], status=status), err
 
 
 def _sha256(p: Path, chunk: int = 8 << 20) -> str:
