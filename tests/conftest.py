@@ -54,7 +54,17 @@ def has_cuda() -> bool:
         return False
 
 
+# The end-to-end tier (`make test-all`, what CI runs): every notebook run and exported (the
+# `suite` fixture), the browser, the users' notebook cases, the mutants and the regeneration of the
+# bundled captures. `make test` (-m "not slow") leaves it out to stay within 10 minutes here.
+def _mark_slow(items) -> None:
+    for item in items:
+        if "suite" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.slow)
+
+
 def pytest_collection_modifyitems(config, items):
+    _mark_slow(items)
     if has_cuda():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU; run on the GPU machine (see ../shared/GPU.md)")

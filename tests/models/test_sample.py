@@ -106,6 +106,7 @@ def test_hf_pair_differs_only_by_fp32_noise_from_the_gdn_kernel():
     assert _cap("hf-qwen3next-control").run["tokens"] == _cap("hf-qwen3next-candidate").run["tokens"]
 
 
+@pytest.mark.slow  # regenerates every bundled capture: make test-all (CI)
 def test_regeneration_reproduces_the_bundled_captures(tmp_path):
     """Bitwise, tensor by tensor, on any x86-64 CPU: write_samples records in a child process
     with the portable arithmetic of workbench.numerics.portable (the committed captures were

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # the end-to-end tier: make test-all (CI), not make test
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

@@ -14,6 +14,8 @@ import torch
 import workbench
 from workbench.runner import run_notebooks
 
+pytestmark = pytest.mark.slow  # the end-to-end tier: make test-all (CI), not make test
+
 transformers = pytest.importorskip("transformers")
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOK = ROOT / "notebooks" / "first_divergence.ipynb"

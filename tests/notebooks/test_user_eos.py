@@ -11,6 +11,8 @@ from workbench.analysis.sampling import read_vocab
 from .helpers import run_one
 from .user_eos import FLIP_STEP, write_eos_runs
 
+pytestmark = pytest.mark.slow  # the end-to-end tier: make test-all (CI), not make test
+
 
 @pytest.fixture(scope="module")
 def eos_runs(tmp_path_factory):

@@ -14,6 +14,8 @@ from workbench.analysis.stats import tango_paired_ci
 from .helpers import gates_by_name, run_one
 from .user_hybrid import BF16_LAYER, PREFILL, write_user_hybrid
 
+pytestmark = pytest.mark.slow  # the end-to-end tier: make test-all (CI), not make test
+
 
 @pytest.fixture(scope="module")
 def engine_run(tmp_path_factory):

@@ -2,10 +2,13 @@
 SGLang 0.5.23's own dumper at TP=1 and TP=2), imported with `workbench import sglang`: every
 tensor is named `value`, the A/A repeat is the TP1 run."""
 
+import pytest
 from pathlib import Path
 
 from workbench.capture.importers import import_capture
 from workbench.runner import run_notebooks
+
+pytestmark = pytest.mark.slow  # the end-to-end tier: make test-all (CI), not make test
 
 ROOT = Path(__file__).resolve().parents[2]
 

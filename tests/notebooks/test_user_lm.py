@@ -13,6 +13,8 @@ import pytest
 from .helpers import gates_by_name, run_one
 from .user_lm import HIGH, LOW, TIE_STEP, write_user_lm
 
+pytestmark = pytest.mark.slow  # the end-to-end tier: make test-all (CI), not make test
+
 pytest.importorskip("transformers")
 WEIGHT = "model.safetensors:lm_head.weight"
 

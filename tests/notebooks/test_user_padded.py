@@ -14,6 +14,8 @@ from workbench.errors import KernelArgumentError
 from .helpers import gates_by_name, run_one
 from .user_padded import PADDED_SEQ, STEPS, write_padded_runs
 
+pytestmark = pytest.mark.slow  # the end-to-end tier: make test-all (CI), not make test
+
 
 @pytest.fixture(scope="module")
 def padded(tmp_path_factory):
