@@ -55,7 +55,10 @@ def test_logical_comparison_on_the_cluster(client):
     # another layout (TP1 against the TP4 hybrid capture): logical views travel to the workers
     ctl, cand = CAPTURES / "hf-qwen3next-control", CAPTURES / "hf-qwen3next-candidate"
     local = compare_captures(ctl, cand, grouping="logical")
-    _same(local, compare_captures(ctl, cand, grouping="logical", client=client))
+    dist = compare_captures(ctl, cand, grouping="logical", client=client)
+    _same(local, dist)
+    pd.testing.assert_frame_equal(local.replicas, dist.replicas)  # found on the workers, reported here
+    assert local.layout_notes == dist.layout_notes
 
 
 def test_a_killed_worker_loses_nothing(client):
@@ -132,3 +135,24 @@ def test_partitions_group_keys_in_order():
         assert len(cap.index.iloc[p][["rank", "step"]].drop_duplicates()) == 1
     with pytest.raises(ClusterError, match="cannot partition by"):
         partitions(cap.index, pos, "nope")
+
+
+def test_replicas_found_on_the_workers_are_reported(client, tmp_path):
+    import torch
+
+    from workbench.capture import CaptureWriter
+
+    x = torch.ones(2, 4)
+    with CaptureWriter(tmp_path / "a", arm="a") as w:
+        for s in range(3):
+            w.add(x, step=s, op="norm", name="out", dims="t h # tp:replicated")
+    with CaptureWriter(tmp_path / "b", arm="b") as w:
+        for s in range(3):
+            for r in range(4):
+                w.add(x + (r == 2 and s == 1), step=s, rank=r, op="norm", name="out", dims="t h # tp:replicated",
+                      tp_rank=r, tp_size=4)
+    local = compare_captures(tmp_path / "a", tmp_path / "b")
+    dist = compare_captures(tmp_path / "a", tmp_path / "b", client=client, partition="step")
+    _same(local, dist)
+    assert dist.describe_replicas() == local.describe_replicas() == [
+        "b: step 1, layer -1, norm/out: rank 2 (tp 2) differs from its replicas by up to 1.000e+00"]

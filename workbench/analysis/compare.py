@@ -430,6 +430,9 @@ def compare_captures(control, candidate, *, aa=None, rules=None, dtype=None,
     if grouping == "logical":
         res.replicas = pd.DataFrame([{"arm": c.arm, **r} for c in (ctl, cand, rep) if c is not None for r in c.replicas],
                                     columns=["arm", "step", "layer", "op", "name", "rank", "axis", "coordinate", "max_abs"])
+        # in key order, however the tensors were read (one process or many)
+        res.replicas = res.replicas.sort_values(["arm", "step", "layer", "op", "name", "rank", "axis", "coordinate"],
+                                                kind="stable").reset_index(drop=True)
         res.layout_notes = [f"{c.arm}: {n}" for c in (ctl, cand, rep) if c is not None for n in c.notes]
     return res
 

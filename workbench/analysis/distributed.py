@@ -149,8 +149,19 @@ def _pair_task(ca, cb, pos_a, pos_b, dtype, atol, rtol):
     if _DELAY[0]:  # tests: a slow task, so that a worker can be killed while it runs
         import time
         time.sleep(_DELAY[0])
+    seen = [len(_found(v)) for v in (ca, cb)]
     with quiet():
-        return pair_metrics(ca, cb, pos_a, pos_b, dtype=dtype, atol=atol, rtol=rtol)
+        vals = pair_metrics(ca, cb, pos_a, pos_b, dtype=dtype, atol=atol, rtol=rtol)
+    # replicated copies that disagree are found as logical tensors are rebuilt: here, on the
+    # worker; they go back with the metrics so that the driver's result lists them
+    return vals, [list(_found(v)[n:]) for v, n in zip((ca, cb), seen)]
+
+
+def _found(view) -> list:
+    try:
+        return view.replicas
+    except AttributeError:  # a raw capture rebuilds nothing
+        return []
 
 
 _DELAY = [0.0]
@@ -183,8 +194,11 @@ def pair_metrics_on(client, ca, cb, pos_a, pos_b, *, dtype=None, atol=1e-5, rtol
                              key=f"workbench-compare-{run}-{i}"): p for i, p in enumerate(parts)}
     bar = counter(desc="compare (cluster)", unit="task", total=len(parts))
     try:
-        for fut, vals in distributed.as_completed(futures, with_results=True):
+        for fut, (vals, found) in distributed.as_completed(futures, with_results=True):
             p = futures[fut]
+            for view, new in zip((ca, cb), found):
+                have = _found(view)
+                have.extend(r for r in new if r not in have)
             for f, v in vals.items():
                 out[f][p] = v
             bar.update(1)

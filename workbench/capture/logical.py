@@ -121,6 +121,14 @@ class LogicalCapture:
                                                             "cache": OrderedDict()}
         self.index = _index if _index is not None else self._build()
 
+    def __getstate__(self) -> dict:
+        # to another process (a dask worker): the plans, not the tensors cached here nor the
+        # findings so far (the receiver reports what it finds itself)
+        state = dict(self.__dict__)
+        state["_shared"] = {"replicas": [], "notes": list(self._shared["notes"]), "seen": set(),
+                            "cache": OrderedDict()}
+        return state
+
     @property
     def replicas(self) -> list[dict]:
         return self._shared["replicas"]
