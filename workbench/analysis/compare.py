@@ -541,9 +541,9 @@ def pair_metrics(ca, cb, pos_a, pos_b, *, dtype=None, atol: float = 1e-5, rtol: 
                 i = g["i"].to_numpy()
                 isz = item[k]
                 if sa not in maps_a:
-                    maps_a[sa] = ca.shard_buffer(int(sa))
+                    maps_a[sa] = _buffer(ca, int(sa), pos_a, ra, sel)
                 if sb not in maps_b:
-                    maps_b[sb] = cb.shard_buffer(int(sb))
+                    maps_b[sb] = _buffer(cb, int(sb), pos_b, rb, sel)
                 bufa, bufb = maps_a[sa][ma:], maps_b[sb][mb:]
                 res = compare_batch(bufa[: len(bufa) // isz * isz], (oa[i] - ma) // isz,
                                     bufb[: len(bufb) // isz * isz], (ob[i] - mb) // isz,
@@ -574,6 +574,16 @@ def pair_metrics(ca, cb, pos_a, pos_b, *, dtype=None, atol: float = 1e-5, rtol: 
         if where[i] is not None:
             where[i] = list(where[i])
     return out
+
+
+def _buffer(c: Capture, shard: int, pos: np.ndarray, rows: dict, sel: np.ndarray) -> np.ndarray:
+    """Shard ``shard`` of ``c`` mapped whole, after checking it holds the last byte of the
+    selected tensors stored in it (else the truncated-shard error names that tensor's key)."""
+    mine = sel[rows["shard"][sel] == shard]
+    ends = rows["offset"][mine].astype(np.int64) + rows["nbytes"][mine].astype(np.int64)
+    j = int(np.argmax(ends))
+    key = c.index.iloc[int(pos[mine[j]])]
+    return c.shard_buffer(shard, key=key, end=int(ends[j]))
 
 
 def _row_of(c, cols, pos: int):

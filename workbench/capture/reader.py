@@ -196,12 +196,14 @@ class Capture:
         p = self._shard_file(int(row["shard"]), key=row, end=off + int(row["nbytes"]))
         return np.memmap(p, dtype=dt, mode="c", offset=off, shape=(n,))
 
-    def shard_buffer(self, shard: int) -> np.ndarray:
+    def shard_buffer(self, shard: int, *, key=None, end: int = 0) -> np.ndarray:
         """The whole shard file as one flat uint8 array, memory-mapped copy-on-write (a new
         mapping per call: pages are read on first touch and the mapping goes with the array),
         after the shard's header was checked against the manifest (and, with ``verify``, its
-        sha256). Bulk readers take their tensors as slices of it."""
-        p = self._shard_file(shard)
+        sha256). Bulk readers take their tensors as slices of it; ``end`` (with the ``key`` of
+        the tensor ending there) is where the last of them ends: a shorter file is a truncated
+        shard, named as :meth:`get` names it."""
+        p = self._shard_file(shard, key=key, end=end)
         return np.memmap(p, dtype=np.uint8, mode="c") if self._shared["sizes"][shard] else np.empty(0, np.uint8)
 
     def _shard_file(self, shard: int, *, key=None, end: int = 0) -> Path:
