@@ -21,7 +21,7 @@ Side by side in one run, on data written here:
 
 Usage::
 
-    python benchmarks/scale.py [--gb 1] [--keys 100000] [--workers 2] [--dir /tmp/wb-scale]
+    python benchmarks/scale.py [--gb 2] [--ranks 2] [--steps 2] [--keys 100000] [--workers 2] [--dir /tmp/wb-scale]
 """
 
 from __future__ import annotations
@@ -218,9 +218,9 @@ def project(parts: list[dict], merge_s: float, task_overhead_s: float, bytes_tot
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--dir", default="/tmp/wb-scale")
-    ap.add_argument("--gb", type=float, default=1.0)
+    ap.add_argument("--gb", type=float, default=2.0)
     ap.add_argument("--ranks", type=int, default=2)
-    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--keys", type=int, default=100_000)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
