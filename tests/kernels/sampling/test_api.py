@@ -52,3 +52,16 @@ def test_softmax_in_fp64():
     assert p.dtype == torch.float64 and p[0].item() == p[1].item()
     assert torch.allclose(lp.exp(), p) and abs(p.sum().item() - 1) < 1e-15
     assert lp[2].item() == pytest.approx(-11.125 - math.log(2 + math.exp(-11.125)))
+
+
+def test_the_family_is_listed_in_a_fresh_process():
+    # the registry fills as family packages import: backends("sampling") must not depend on
+    # someone having imported workbench.kernels.sampling first
+    import subprocess
+    import sys
+
+    code = ("from workbench.kernels import backends; t = backends('sampling'); "
+            "print(list(t['name']), bool(t['available'].all()), sorted(t['ops'][0]))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == ("['torch'] True ['draw_intervals', 'greedy', 'log_softmax', 'softmax', "
+                           "'stateless_draw']")
