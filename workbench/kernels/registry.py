@@ -11,6 +11,11 @@ Third parties add backends through the ``workbench.kernels`` entry-point group, 
 the import error as its reason (it never breaks the workbench). The mechanism is the one of
 importers and replay adapters: :class:`workbench.plugins.Registry`.
 
+A backend's op functions check their own arguments (shapes, dtypes, devices), since they can be
+called directly; the public op functions of a family do not check them again on the hot path.
+No check reads a device value (that would stop CUDA-graph capture and cost a synchronization);
+value checks that must read the device run only in an explicit debug mode (``check=True``).
+
 A backend module declares the ops it implements itself in ``OPS`` (a tuple of op names; without
 it, every public op it defines). Asking a backend for an op it does not implement is a
 BackendUnavailableError that lists the backends that do; ``fallback=`` names one of them to run
@@ -25,6 +30,7 @@ import contextvars
 import functools
 import importlib
 import threading
+import time
 import warnings
 from dataclasses import dataclass
 from types import ModuleType
@@ -36,6 +42,7 @@ from workbench.plugins import Registry
 
 __all__ = ["register_backend", "register_knobs", "get_backend", "get_op", "implemented_ops", "backends",
            "fallbacks", "call", "backend_op", "check_policy", "honoured_knobs", "devices", "note_path", "kernel_log", "KernelLog",
+           "resolve_device", "to_device", "runnable",
            "BackendInfo", "BackendFallbackWarning", "REGISTRY"]
 
 
@@ -312,31 +319,133 @@ def _honours(family: str, name: str, op: str | None, knob: str, value) -> bool:
     return t is not None and (t.get(knob) is None or value in t[knob])
 
 
+_DISPATCH: dict[tuple, tuple] = {}  # (family, backend, op, fallback) -> (REGISTRY.version, ran, fn, takes_policy)
+_CHECKED: dict[tuple, int] = {}  # (family, ran, op, policy) honoured -> REGISTRY.version it was checked at
+
+
+def _dispatch(family: str, backend: str, op: str, fallback: str | None, p) -> tuple[str, object, bool]:
+    """The backend that runs ``op``, its function and whether it takes a policy, with the policy
+    checked against what it honours first (a refused knob is a PolicyError even where the backend
+    cannot run): resolved once per registry version, since a public kernel call must cost
+    microseconds, not a registry walk."""
+    key = (family, backend, op, fallback)
+    hit = _DISPATCH.get(key)
+    if hit is not None and hit[0] == REGISTRY.version:
+        _checked(family, hit[1], p, op)
+        return hit[1], hit[2], hit[3]
+    ran = _runner_of(family, backend, op, fallback)
+    _checked(family, ran, p, op)
+    fn = getattr(get_backend(family, ran), op)
+    takes = bool(_family_knobs(family, op)) or op not in _FAMILY_KNOBS.get(family, {})
+    if fallback is None or ran == backend:  # a fallback warns once per process: cache it too
+        _DISPATCH[key] = (REGISTRY.version, ran, fn, takes)
+    return ran, fn, takes
+
+
+def _checked(family: str, ran: str, p, op: str) -> None:
+    """:func:`check_policy`, remembered for a policy already found honoured."""
+    try:
+        key = (family, ran, op, p)
+        if _CHECKED.get(key) == REGISTRY.version:
+            return
+    except TypeError:  # an unhashable policy (extra knobs holding lists): check every time
+        check_policy(family, ran, p, op)
+        return
+    check_policy(family, ran, p, op)
+    if len(_CHECKED) > 4096:
+        _CHECKED.clear()
+    _CHECKED[key] = REGISTRY.version
+
+
 def call(family: str, backend: str, op: str, *args, policy=None, fallback: str | None = None,
          knobs: dict | None = None, **kwargs):
     """Run ``op`` of ``family`` on ``backend``: the one place a kernel call's policy is resolved
     (None: the current one; a dict: knobs over it) and checked against what the backend
     honours, the backend chosen (or its fallback) and the call noted in every open
-    :func:`kernel_log`. ``knobs``: the call's explicit arguments that are policy knobs
-    (``chunk_size=``, ``splits=``; None values ignored), checked as part of the policy. The
-    backend function receives the resolved :class:`Policy`."""
-    from workbench.numerics.policy import resolve_policy
-    p = resolve_policy(policy)
+    :func:`kernel_log` (timed there when the log asks). ``knobs``: the call's explicit arguments
+    that are policy knobs (``chunk_size=``, ``splits=``; None values ignored), checked as part of
+    the policy. The backend function receives the resolved :class:`Policy`.
+
+    What is resolved once (the backend, its function, a policy found honoured) is remembered per
+    registry version, so a call costs a few microseconds over the backend function itself; the
+    call reads no device value, so it can be captured in a CUDA graph when the backend can."""
+    from workbench.numerics.policy import Policy, resolve_policy
+    p = policy if isinstance(policy, Policy) else resolve_policy(policy)
     if knobs and any(v is not None for v in knobs.values()):
         p = p.replace(**{k: v for k, v in knobs.items() if v is not None})
-    ran = _runner_of(family, backend, op, fallback)
-    check_policy(family, ran, p, op)
-    fn = getattr(get_backend(family, ran), op)
-    event = {"family": family, "op": op, "backend": backend, "ran": ran, "policy": p.label(), "path": None}
-    token = _CURRENT.set(event)
-    if _family_knobs(family, op) or op not in _FAMILY_KNOBS.get(family, {}):
+    ran, fn, takes = _dispatch(family, backend, op, fallback, p)
+    logs = _LOGS.get()
+    if takes:
         kwargs["policy"] = p  # an op declared to read no knob (qsa.select) takes no policy
-    try:
+    if not logs:
         return fn(*args, **kwargs)
+    event = {"family": family, "op": op, "backend": backend, "ran": ran, "policy": p.label(), "path": None}
+    clock = _Clock(event, args) if any(log.timing for log in logs) else None
+    token = _CURRENT.set(event)
+    try:
+        if clock is None:
+            return fn(*args, **kwargs)
+        with clock:
+            return fn(*args, **kwargs)
     finally:
         _CURRENT.reset(token)
-        for log in _LOGS.get():
+        for log in logs:
             log._add(event)
+
+
+def _first_tensor(args):
+    import torch
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            return a
+        if isinstance(a, (tuple, list)):
+            t = _first_tensor(a)
+            if t is not None:
+                return t
+    return None
+
+
+_SEEN: set = set()  # (family, op, ran, device, dtype) already called once in this process
+_SEEN_LOCK = threading.Lock()
+
+
+class _Clock:
+    """Times one kernel call for a timing :func:`kernel_log`: wall time, the device synchronized
+    before and after on CUDA (never while a CUDA graph is being captured: then the call is
+    counted, not timed). The first call of a (family, op, backend, device, dtype) in the process
+    is marked ``first``: it carries the one-time cost (numba's JIT, the native build or its
+    load from the on-disk cache)."""
+
+    def __init__(self, event: dict, args) -> None:
+        t = _first_tensor(args)
+        self.event = event
+        self.device = t.device.type if t is not None else "none"
+        self.sync = None
+        if self.device == "cuda":
+            import torch
+            if not torch.cuda.is_current_stream_capturing():
+                self.sync = torch.cuda.synchronize
+        self.capturing = self.device == "cuda" and self.sync is None
+        self.key = (event["family"], event["op"], event["ran"], self.device, str(t.dtype) if t is not None else "")
+
+    def __enter__(self):
+        if self.sync is not None:
+            self.sync()
+        self.t0 = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.sync is not None and exc[0] is None:
+            self.sync()
+        dt = time.perf_counter() - self.t0
+        self.event["device"] = self.device
+        if self.capturing or exc[0] is not None:
+            return
+        with _SEEN_LOCK:
+            first = self.key not in _SEEN
+            _SEEN.add(self.key)
+        self.event["seconds"] = dt
+        self.event["first"] = first
 
 
 def backend_op(fn):
@@ -363,20 +472,46 @@ def note_path(path: str) -> None:
 
 class KernelLog:
     """The kernel calls made inside a :func:`kernel_log` block, grouped: family, op, the backend
-    asked for, the one that ran, the policy label, the path taken, and how many calls."""
+    asked for, the one that ran, the policy label, the path taken, and how many calls; with
+    ``timing=True`` also each call's time (:meth:`timings`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, timing: bool = False) -> None:
+        self.timing = bool(timing)
         self._counts: dict[tuple, int] = {}
+        self._times: dict[tuple, tuple[list, list]] = {}  # (family, op, ran, device) -> (first, later)
         self._lock = threading.Lock()
 
     def _add(self, ev: dict) -> None:
         key = tuple(ev[k] for k in _LOG_FIELDS)
         with self._lock:
             self._counts[key] = self._counts.get(key, 0) + 1
+            if "seconds" in ev:
+                first, later = self._times.setdefault((ev["family"], ev["op"], ev["ran"], ev["device"]), ([], []))
+                (first if ev["first"] else later).append(ev["seconds"])
 
     def summary(self) -> list[dict]:
         with self._lock:
             return [dict(zip(_LOG_FIELDS, k), calls=n) for k, n in self._counts.items()]
+
+    def timings(self) -> list[dict]:
+        """Per (family, op, backend that ran, device): ``calls`` timed, ``first_calls`` (calls
+        that were the process's first of their dtype: they pay numba's JIT, the native build or
+        its load from the on-disk cache), ``kernel_s`` (the median of the other calls: the time
+        a call takes once built; NaN when every call was a first one), ``one_time_s`` (what the
+        first calls took beyond ``kernel_s`` each) and ``total_s``. Empty unless the log was
+        opened with ``timing=True``. On CUDA the device is synchronized around each call, so
+        these are kernel times plus launch cost, not overlapped throughput."""
+        import statistics
+        with self._lock:
+            items = {k: (list(f), list(l)) for k, (f, l) in self._times.items()}
+        out = []
+        for (fam, op, ran, dev), (first, later) in items.items():
+            med = statistics.median(later) if later else float("nan")
+            one = (sum(first) - len(first) * med) if later else sum(first)
+            out.append(dict(family=fam, op=op, backend=ran, device=dev, calls=len(first) + len(later),
+                            first_calls=len(first), kernel_s=med, one_time_s=max(one, 0.0),
+                            total_s=sum(first) + sum(later)))
+        return out
 
     @property
     def fallbacks(self) -> list[dict]:
@@ -393,7 +528,7 @@ _LOGS: contextvars.ContextVar[tuple] = contextvars.ContextVar("workbench_kernel_
 
 
 @contextlib.contextmanager
-def kernel_log():
+def kernel_log(*, timing: bool = False):
     """Record the kernel calls made inside the block (in this thread or task)::
 
         with kernel_log() as log:
@@ -402,11 +537,77 @@ def kernel_log():
                         #   'policy': 'default', 'path': 'mma', 'calls': 4}, ...]
 
     Results record it (capture run metadata ``kernels``, replay attrs), so a result says which
-    code computed it.
+    code computed it. ``timing=True`` also times every call (synchronizing the GPU around each,
+    so only for reports, not for a model's own speed): :meth:`KernelLog.timings` separates the
+    one-time JIT/build cost from the kernel time.
     """
-    log = KernelLog()
+    log = KernelLog(timing)
     token = _LOGS.set(_LOGS.get() + (log,))
     try:
         yield log
     finally:
         _LOGS.reset(token)
+
+
+# -- where kernels run ----------------------------------------------------------------------------
+
+def resolve_device(device: str | None = "auto"):
+    """The torch device a notebook or analysis runs its kernels on: ``"auto"`` (or "" / None)
+    is ``cuda`` when torch sees a GPU, else ``cpu``; ``"cpu"``, ``"cuda"``, ``"cuda:1"`` as
+    given. Asking for a GPU that is not there is a BackendUnavailableError naming the fix."""
+    import torch
+    spec = (device or "auto").strip() if isinstance(device, str) else device
+    if spec == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(spec)
+    except (RuntimeError, TypeError) as e:
+        raise BackendUnavailableError(f"device {device!r} is not a torch device ({e})", key="device",
+                                      fix='pass device="auto", "cpu" or "cuda"') from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise BackendUnavailableError(f"device {device!r}: torch sees no CUDA GPU here "
+                                          f"(torch {torch.__version__})", key="device",
+                                          fix='pass device="auto" (the GPU when there is one) or "cpu"')
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise BackendUnavailableError(f"device {device!r}: only {torch.cuda.device_count()} GPU(s) here",
+                                          key="device", fix='pass device="cuda" (the first GPU)')
+    return dev
+
+
+def to_device(obj, device):
+    """``obj`` with every tensor in it (nested in tuples, lists and dicts) moved to ``device``."""
+    import torch
+    if isinstance(obj, torch.Tensor):
+        return obj.to(device)
+    if isinstance(obj, dict):
+        return {k: to_device(v, device) for k, v in obj.items()}
+    if isinstance(obj, (tuple, list)):
+        return type(obj)(to_device(v, device) for v in obj)
+    return obj
+
+
+def runnable(family: str, names, device) -> tuple[list[str], dict[str, str]]:
+    """Which of the backends ``names`` of ``family`` can run on ``device`` here: ``(runnable,
+    {skipped name: reason})``, in the order given. A backend is skipped when it cannot run here
+    at all (its ``is_available`` reason) or does not take tensors of that device type (its
+    ``DEVICES``). A name that is not a backend of the family is an UnknownBackendError (a typo
+    must not pass as a skip)."""
+    import torch
+    dev = device if isinstance(device, torch.device) else torch.device(device)
+    fam = _family(family)
+    ok, skipped = [], {}
+    for name in dict.fromkeys(names):
+        if name not in fam:
+            raise UnknownBackendError(f"unknown {family} backend {name!r}; must be one of {sorted(fam)}",
+                                      key="backend", fix=f"use one of {sorted(fam)}")
+        _, avail, reason = _probe(fam[name])
+        if not avail:
+            skipped[name] = f"cannot run here: {reason}"
+        elif dev.type not in devices(family, name):
+            skipped[name] = (f"runs on {' or '.join(devices(family, name))} tensors, and the device is {dev.type} "
+                             f"(pass device=\"cuda\" on a GPU machine)" if "cuda" in devices(family, name)
+                             else f"runs on {' or '.join(devices(family, name))} tensors, not {dev.type}")
+        else:
+            ok.append(name)
+    return ok, skipped

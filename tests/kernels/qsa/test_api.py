@@ -15,7 +15,7 @@ OPS = ["block_keys", "index_scores", "select", "sparse_decode", "merge_states", 
 @pytest.mark.parametrize("op", OPS)
 def test_backends_share_keyword_signatures(op):
     public = inspect.signature(getattr(qsa, op))
-    expected = [p for n, p in public.parameters.items() if n not in ("backend", "fallback")]
+    expected = [p for n, p in public.parameters.items() if n not in ("backend", "fallback", "check")]
     for m in MODULES:
         mod = importlib.import_module(f"workbench.kernels.qsa.{m}")
         fn = getattr(mod, op, None)

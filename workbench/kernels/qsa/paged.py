@@ -174,8 +174,15 @@ def _err(arg: str, expected: str, got, fix: str) -> KernelArgumentError:
     return KernelArgumentError(f"{arg} must be {expected}, got {got}", key=arg, fix=fix)
 
 
-def check_decode_args(q, k_cache, v_cache, block_table, indices, num_splits) -> None:
-    """Validate sparse_decode's arguments; raises KernelArgumentError naming the argument."""
+def check_decode_args(q, k_cache, v_cache, block_table, indices, num_splits, *, check: bool | None = None) -> None:
+    """Validate sparse_decode's arguments; raises KernelArgumentError naming the argument.
+
+    Shapes, dtypes and devices are always checked (host metadata: free, and allowed under CUDA
+    graph capture). The values of ``indices`` and ``block_table`` (tokens in range, on allocated
+    pages) are read only when ``check`` says so: None (default) checks them on CPU tensors, where
+    reading them costs nothing, and not on CUDA tensors, where reading them would synchronize the
+    device and forbid graph capture; True checks them anywhere (a debug mode; an error while a
+    CUDA graph is captured); False never."""
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
         if not isinstance(t, torch.Tensor) or t.dtype not in _FLOATS:
             raise _err(name, "a float tensor (fp32, bf16, fp16 or fp64)",
@@ -211,8 +218,13 @@ def check_decode_args(q, k_cache, v_cache, block_table, indices, num_splits) -> 
         raise _err("k_cache", f"on q's device {q.device}", str(k_cache.device), "move the cache to q's device")
     if not isinstance(num_splits, int) or isinstance(num_splits, bool) or num_splits < 1:
         raise _err("num_splits", "a positive int", repr(num_splits), "pass num_splits=1 or more")
-    if indices.numel() == 0:
+    if check is None:
+        check = q.device.type == "cpu"
+    if not check or indices.numel() == 0:
         return
+    if q.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        raise _err("check", "False or None while a CUDA graph is captured (it reads indices on the host)",
+                   "True", "validate the inputs once with check=True before capturing, then capture with check=None")
     lo = int(indices.min())
     if lo < -1:
         raise _err("indices", "logical token positions >= 0 or -1 (padding)", f"min {lo}",
