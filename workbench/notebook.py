@@ -37,7 +37,7 @@ from typing import Any
 from workbench.errors import GateError, WorkbenchError
 
 __all__ = ["GATE_MIMETYPE", "FINDING_MIMETYPE", "Gate", "setup", "repo_root", "resolve", "gate", "gates", "resolve_tensor_file",
-           "expect", "expectations", "finding", "findings", "reset_gates", "assert_gates", "show", "explore",
+           "expect", "expectations", "finding", "findings", "skipped", "device", "backends_on", "reset_gates", "assert_gates", "show", "explore",
            "offline_explorer"]
 
 GATE_MIMETYPE = "application/vnd.workbench.gate+json"
@@ -396,6 +396,41 @@ def finding(text: str, *, display: bool = True, **data: Any) -> None:
         show({FINDING_MIMETYPE: rec, "text/plain": f"finding: {rec['text']}",
               "text/html": f"<div class='workbench-finding' style='font-weight:600'>finding: "
                            f"{html.escape(rec['text'])}</div>"}, raw=True)
+
+
+def skipped(what: str, reason: str, *, display: bool = True) -> None:
+    """Say that part of the notebook did not run here and why (a backend without its GPU, a
+    compiler that is missing): a finding ``skipped <what>: <reason>`` with data ``skipped`` and
+    ``reason``, so the report lists what was not checked instead of passing it over in silence.
+
+    Example
+    -------
+    >>> nb.skipped("gemm backend numba", "numba.cuda finds no CUDA GPU")               # doctest: +SKIP
+    """
+    finding(f"skipped {what}: {reason}", display=display, skipped=what, reason=reason)
+
+
+def device(spec: str = "auto"):
+    """The torch device of a notebook's ``device`` parameter ("auto": the GPU when there is one,
+    else the CPU; :func:`workbench.kernels.registry.resolve_device`), printed with its name."""
+    from workbench.kernels.registry import resolve_device
+    dev = resolve_device(spec)
+    if dev.type == "cuda":
+        import torch
+        print(f"kernels run on {dev} ({torch.cuda.get_device_name(dev)})")
+    else:
+        print(f"kernels run on {dev}")
+    return dev
+
+
+def backends_on(family: str, names, dev) -> list[str]:
+    """The backends of ``names`` that can run on ``dev``; each one that cannot is reported with
+    :func:`skipped` (its reason). A name that is no backend of ``family`` is an error."""
+    from workbench.kernels.registry import runnable
+    ok, why = runnable(family, names, dev)
+    for name, reason in why.items():
+        skipped(f"{family} backend {name} on {dev}", reason)
+    return ok
 
 
 def findings() -> list[dict]:

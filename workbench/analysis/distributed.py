@@ -220,19 +220,20 @@ def verify_on(client, cap, *, chunk: int = 8 << 20) -> list[tuple[dict, Exceptio
     return client.gather(futs)
 
 
-def _replay_task(cap, op, capture_op, out, variants, cases):
+def _replay_task(cap, op, capture_op, out, variants, cases, device=None):
     from workbench.analysis.replay import _replay_cases
 
-    return _replay_cases(cap, op, capture_op, out, variants, cases)
+    return _replay_cases(cap, op, capture_op, out, variants, cases, device=device)
 
 
-def replay_on(client, cap, op, capture_op, out, variants, cases, *, chunk: int | None = None):
+def replay_on(client, cap, op, capture_op, out, variants, cases, *, chunk: int | None = None, device=None):
     """Replay ``cases`` in tasks of ``chunk`` cases (default: spread over the workers); the
-    results come back in case order, with the skipped variants and kernel logs of every task."""
+    results come back in case order, with the skipped variants and kernel logs of every task.
+    ``device`` ("auto", "cuda", ...) is resolved on each worker (its own GPU)."""
     n_workers = _n_workers(client)
     chunk = chunk or max(1, -(-len(cases) // (2 * n_workers)))
     (fc,) = _scatter(client, (cap,))
     run = next(_TOKEN)
-    futs = [client.submit(_replay_task, fc, op, capture_op, out, variants, cases[i:i + chunk], pure=False,
+    futs = [client.submit(_replay_task, fc, op, capture_op, out, variants, cases[i:i + chunk], device, pure=False,
                           key=f"workbench-replay-{run}-{i}") for i in range(0, len(cases), chunk)]
     return client.gather(futs)

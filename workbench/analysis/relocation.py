@@ -17,6 +17,7 @@ import xarray as xr
 from workbench.capture.reader import Capture, open_capture
 from workbench.errors import AnalysisError
 from workbench.kernels import qsa
+from workbench.kernels.registry import resolve_device
 from workbench.numerics.policy import resolve_policy
 
 __all__ = ["relocation_invariance", "relocation_invariance_captures", "find_attention_inputs", "captured_decode_inputs",
@@ -32,7 +33,7 @@ def _diff(a: torch.Tensor, b: torch.Tensor) -> tuple[bool, float, int]:
 def relocation_invariance(layers: Mapping[int, tuple] | tuple, *, seeds: Sequence[int] = (1, 2, 3),
                           page_orders: Sequence[str] = ("logical", "physical"), num_splits: int = 2,
                           page_size: int = 4, spare_pages: int = 0, backend: str = "torch",
-                          policy=None) -> xr.Dataset:
+                          policy=None, device=None) -> xr.Dataset:
     """Run QSA decode before and after relocating the KV pages; check the outputs bit for bit.
 
     Parameters
@@ -46,6 +47,8 @@ def relocation_invariance(layers: Mapping[int, tuple] | tuple, *, seeds: Sequenc
         physical-order kernel)
     page_size: tokens per page; spare_pages: free pages in the pool (more places to move to)
     backend, policy: the QSA backend and base policy (``page_order`` is set per variant)
+    device: where the backend runs (None: q's device; "auto": the GPU when there is one; "cpu",
+        "cuda"): the inputs and the paged cache are placed there
 
     Returns
     -------
@@ -79,6 +82,9 @@ def relocation_invariance(layers: Mapping[int, tuple] | tuple, *, seeds: Sequenc
         except (TypeError, ValueError):
             raise AnalysisError(f"layers[{layer}] must be (q, k, v, indices)", key="layers",
                                 fix="pass q [B, HQ, D], k/v [B, T, HKV, D], indices [B, L]") from None
+        if device is not None:
+            dev = resolve_device(device)
+            q, k, v, idx = q.to(dev), k.to(dev), v.to(dev), idx.to(dev)
         T = k.shape[1]
         need = k.shape[0] * -(-T // page_size)
         cache = qsa.PagedKVCache.from_dense(k, v, page_size=page_size, num_pages=need + spare_pages)
@@ -98,7 +104,7 @@ def relocation_invariance(layers: Mapping[int, tuple] | tuple, *, seeds: Sequenc
     ds["invariant"] = ds.bitwise.all("seed")
     ds["worst_max_abs"] = ds.max_abs.max("seed")  # the largest difference over the relocations
     inv = {o: bool(ds.invariant.sel(page_order=o).all()) for o in P}
-    ds.attrs.update(analysis="relocation_invariance", backend=backend, num_splits=num_splits, page_size=page_size,
+    ds.attrs.update(analysis="relocation_invariance", backend=backend, device=str(q.device), num_splits=num_splits, page_size=page_size,
                     policy=base.label(), check="bitwise equality of output and LSE after relocating every page",
                     invariant_orders=",".join(o for o in P if inv[o]) or "none",
                     failing_orders=",".join(o for o in P if not inv[o]) or "none")

@@ -24,10 +24,11 @@ from workbench.capture.reader import Capture, open_capture
 from workbench.errors import AnalysisError, BackendUnavailableError, KernelArgumentError, PolicyError
 from workbench.numerics.metrics import compare
 from workbench.numerics.policy import Policy, resolve_policy
-from workbench.kernels.registry import kernel_log
+from workbench.kernels.registry import kernel_log, resolve_device, to_device
 from workbench.plugins import Registry
 
-__all__ = ["OpAdapter", "register_adapter", "adapters", "replay", "counterfactuals", "describe_counterfactuals", "replay_cases", "REGISTRY"]
+__all__ = ["OpAdapter", "register_adapter", "adapters", "replay", "counterfactuals", "describe_counterfactuals", "replay_cases",
+           "timings_table", "REGISTRY"]
 
 
 @dataclass(frozen=True)
@@ -112,7 +113,7 @@ def _rel(a, ref) -> float:
 
 def replay(capture, *, op: str, backends: Sequence[str] = ("torch",), policies: Sequence | Mapping | None = None,
            output: str | None = None, max_cases: int | None = None, capture_op: str | None = None,
-           client=None, **filters) -> xr.Dataset:
+           client=None, device: str | None = None, **filters) -> xr.Dataset:
     """Replay an op's captured inputs through ``backends x policies``.
 
     Parameters
@@ -128,6 +129,9 @@ def replay(capture, *, op: str, backends: Sequence[str] = ("torch",), policies: 
     client: a ``dask.distributed.Client``: the cases are replayed in chunks on its workers (each
         runs the backends it has: with dask-cuda's ``LocalCUDACluster``, one GPU per worker); the
         dataset is the one a local run gives
+    device: where the backends run: None (the captured tensors' device, the CPU), "auto" (the GPU
+        when there is one), "cpu", "cuda"; the inputs are moved there, the FP64 oracle and the
+        errors stay on the CPU. A backend that cannot take that device is skipped with the reason
     filters: restrict the cases (``layer=``, ``step=``, ``rank=``)
 
     Returns
@@ -137,7 +141,11 @@ def replay(capture, *, op: str, backends: Sequence[str] = ("torch",), policies: 
     captured output), ``captured_err_oracle[case]`` (the captured output vs the oracle),
     ``closer[case, variant]`` (strictly closer to FP64 than the captured output) and
     ``n_closer[variant]`` (in how many of the N cases), ``n_run[variant]`` (cases the variant
-    ran). A variant a backend cannot run is NaN, has ``n_run`` 0 and is named in attrs ``skipped``.
+    ran). A variant a backend cannot run is NaN, has ``n_run`` 0 and is named in attrs ``skipped``
+    (and ``skipped_variants``, a JSON list of "label: reason").
+    attrs ``device`` says where the backends ran and ``timings`` (JSON, one record per op, backend
+    and device: calls, ``one_time_s`` the first calls' JIT/build cost, ``kernel_s`` the median
+    call after it) separates the one-time cost from the kernel time.
 
     Example
     -------
@@ -170,9 +178,12 @@ def replay(capture, *, op: str, backends: Sequence[str] = ("torch",), policies: 
     if client is not None:
         from workbench.analysis.distributed import replay_on
 
-        parts = replay_on(client, cap, op, capture_op, out, variants, cases)
+        parts = replay_on(client, cap, op, capture_op, out, variants, cases, device=device)
+        where = str(device or "cpu")
     else:
-        parts = [_replay_cases(cap, op, capture_op, out, variants, cases)]
+        dev = resolve_device(device) if device is not None else None
+        parts = [_replay_cases(cap, op, capture_op, out, variants, cases, device=dev)]
+        where = str(dev or "cpu")
     eo = np.concatenate([p[0] for p in parts])
     ec = np.concatenate([p[1] for p in parts])
     cap_eo = np.concatenate([p[2] for p in parts])
@@ -189,6 +200,7 @@ def replay(capture, *, op: str, backends: Sequence[str] = ("torch",), policies: 
             k = tuple(sorted((a, str(b)) for a, b in rec.items() if a != "calls"))
             calls[k] = calls.get(k, 0) + int(rec.get("calls", 1))
     log_summary = [{**dict(k), "calls": c} for k, c in calls.items()]
+    timings = _merge_timings([t for p in parts for t in (p[5] if len(p) > 5 else [])])
     labels = [v[0] for v in variants]
     ds = xr.Dataset({"err_oracle": (("case", "variant"), eo), "err_captured": (("case", "variant"), ec),
                      "captured_err_oracle": ("case", cap_eo)},
@@ -202,14 +214,42 @@ def replay(capture, *, op: str, backends: Sequence[str] = ("torch",), policies: 
     ds.attrs.update(analysis="replay", op=op, output=out, capture=str(cap.path), arm=cap.arm,
                     n_cases=len(cases), metric="relative L2", oracle="the op's 'oracle' backend (fp64) on the same inputs",
                     closer="err_oracle < captured_err_oracle (strictly)", skipped="; ".join(skipped) or "none",
-                    kernels=json.dumps(log_summary))
+                    skipped_variants=json.dumps(skipped),
+                    kernels=json.dumps(log_summary), device=where, timings=json.dumps(timings))
     return ds
+
+
+def _merge_timings(records: list[dict]) -> list[dict]:
+    """The kernel timings of several tasks as one record per (family, op, backend, device): calls
+    and one-time costs added up (each worker pays its own JIT), the kernel time the median of the
+    tasks' medians."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in records:
+        groups.setdefault((r["family"], r["op"], r["backend"], r["device"]), []).append(r)
+    out = []
+    for (fam, op, be, dev), rs in groups.items():
+        ks = [r["kernel_s"] for r in rs if r["kernel_s"] == r["kernel_s"]]
+        out.append(dict(family=fam, op=op, backend=be, device=dev, calls=sum(r["calls"] for r in rs),
+                        first_calls=sum(r["first_calls"] for r in rs), kernel_s=float(np.median(ks)) if ks else float("nan"),
+                        one_time_s=sum(r["one_time_s"] for r in rs), total_s=sum(r["total_s"] for r in rs)))
+    return out
+
+
+def timings_table(ds):
+    """The kernel timings a replay recorded (attrs ``timings``) as a DataFrame: backend, op, device,
+    calls, the one-time JIT/build cost and the median kernel time in ms, slowest first."""
+    import pandas as pd
+    rows = json.loads(ds.attrs.get("timings", "[]"))
+    df = pd.DataFrame(rows, columns=["family", "op", "backend", "device", "calls", "first_calls", "kernel_s",
+                                     "one_time_s", "total_s"])
+    df["kernel_ms"] = df.pop("kernel_s") * 1e3
+    return df.sort_values("total_s", ascending=False, ignore_index=True)
 
 
 def counterfactuals(capture, *, op: str, base: Policy | dict | None = None,
                     knobs: Mapping[str, Sequence] | None = None, backend: str = "torch",
                     output: str | None = None, max_cases: int | None = None, capture_op: str | None = None,
-                    **filters) -> xr.Dataset:
+                    device: str | None = None, **filters) -> xr.Dataset:
     """Change one policy knob at a time and attribute the error (vs FP64) to each knob.
 
     Parameters
@@ -250,7 +290,7 @@ def counterfactuals(capture, *, op: str, base: Policy | dict | None = None,
             pols[f"{k}={v}"] = b.replace(**{k: v})
             meta.append((k, str(v)))
     ds = replay(capture, op=op, backends=(backend,), policies=pols, output=output, max_cases=max_cases,
-                capture_op=capture_op, **filters)
+                capture_op=capture_op, device=device, **filters)
     ds = ds.rename(variant="change")
     ds["mean_err_captured"] = ds.err_captured.mean("case")
     ds["median_err_captured"] = ds.err_captured.median("case")
@@ -269,32 +309,36 @@ def counterfactuals(capture, *, op: str, base: Policy | dict | None = None,
     return ds
 
 
-def _replay_cases(cap, op, capture_op, out, variants, cases):
+def _replay_cases(cap, op, capture_op, out, variants, cases, device=None):
     """Replay ``cases`` through ``variants`` ((label, backend, policy)): the errors against the
     oracle and the captured output, the captured output's error, the variants skipped (with the
-    reason) and the kernel log's summary."""
+    reason), the kernel log's summary and its timings. ``device``: where the variants run (a
+    spec is resolved here, on the worker; None: the captured tensors' device)."""
+    if device is not None and not hasattr(device, "type"):
+        device = resolve_device(device)
     ad = _adapter(op, capture_op)
     eo = np.full((len(cases), len(variants)), np.nan)
     ec = np.full(eo.shape, np.nan)
     cap_eo = np.zeros(len(cases))
     skipped: list[str] = []
-    with kernel_log() as log:  # which backend and code path computed each variant, in attrs
+    with kernel_log(timing=True) as log:  # which backend and code path computed each variant, in attrs
         for i, c in enumerate(cases):
             x = ad.load(cap, *c)
+            xd = to_device(x, device) if device is not None else x
             ref = ad.run(x, "oracle", Policy(accum_dtype="fp64"))[out]
             captured = cap.get(op=ad.op, rank=c[0], step=c[1], layer=c[2], name=out)
             captured = captured.reshape(ref.shape)
             cap_eo[i] = _rel(captured, ref)
             for j, (lab, b, p) in enumerate(variants):
                 try:
-                    y = ad.run(x, b, p)[out].reshape(ref.shape)
+                    y = ad.run(xd, b, p)[out].cpu().reshape(ref.shape)
                 except (BackendUnavailableError, KernelArgumentError, PolicyError) as e:
                     # a backend that cannot run here, or cannot honour a knob: an empty cell, said in attrs
                     if not any(x.startswith(f"{lab}:") for x in skipped):
                         skipped.append(f"{lab}: {e.message}")
                     continue
                 eo[i, j], ec[i, j] = _rel(y, ref), _rel(y, captured)
-    return eo, ec, cap_eo, skipped, log.summary()
+    return eo, ec, cap_eo, skipped, log.summary(), log.timings()
 
 
 def describe_counterfactuals(cf: xr.Dataset) -> list[str]:

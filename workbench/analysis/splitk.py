@@ -16,8 +16,9 @@ import torch
 import xarray as xr
 
 from workbench.capture.reader import Capture, open_capture
-from workbench.errors import KernelArgumentError
+from workbench.errors import BackendUnavailableError, KernelArgumentError
 from workbench.kernels.gemm import splitk_matmul
+from workbench.kernels.registry import resolve_device, runnable
 from workbench.kernels.gemm.oracle import splitk_matmul as exact_matmul
 from workbench.kernels.sampling import greedy
 from workbench.numerics.dtypes import canonical, round_to
@@ -37,7 +38,7 @@ def splitk_sweep(x: torch.Tensor, w: torch.Tensor, *, splits: Sequence[int] = ra
                  partial_dtypes: Sequence[str] = ("fp32", "bf16", "fp16"),
                  orders: Sequence[str] = ("sequential", "tree"), control: dict | None = None,
                  out_dtype: str = "fp32", logits_dtype: str | None = "bf16", backend: str = "torch",
-                 ulp_dtype: str | None = None) -> xr.Dataset:
+                 ulp_dtype: str | None = None, device=None) -> xr.Dataset:
     """Run a projection under every split-K configuration; report error and token flips as a grid.
 
     Parameters
@@ -52,6 +53,9 @@ def splitk_sweep(x: torch.Tensor, w: torch.Tensor, *, splits: Sequence[int] = ra
     logits_dtype: dtype the outputs are materialized in before greedy (None: as computed)
     backend: gemm backend ("torch", "ext", "numba", ...)
     ulp_dtype: format of the ULP counts (default ``out_dtype``)
+    device: where the backend runs (None: x's device; "auto": the GPU when there is one; "cpu",
+        "cuda"): x and w are moved there, the FP64 product and the metrics stay on the CPU. A
+        backend that cannot take that device is a BackendUnavailableError (before any work)
 
     Returns
     -------
@@ -84,7 +88,14 @@ def splitk_sweep(x: torch.Tensor, w: torch.Tensor, *, splits: Sequence[int] = ra
     ulp = canonical(ulp_dtype or out_dtype)
     exact = exact_matmul(x, w, splits=1, partial_dtype=None)
     tok64 = _tokens(exact, logits_dtype)
-    y_ctl = splitk_matmul(x, w, out_dtype=out_dtype, backend=backend, **ctl)
+    dev = resolve_device(device) if device is not None else x.device
+    _, why = runnable("gemm", [backend], dev)
+    if why:
+        raise BackendUnavailableError(f"gemm backend {backend!r} {why[backend]}", key="backend",
+                                      fix="pick a backend of workbench.kernels.backends('gemm') that runs on "
+                                          f"{dev.type}, or another device")
+    xd, wd = x.to(dev), w.to(dev)
+    y_ctl = splitk_matmul(xd, wd, out_dtype=out_dtype, backend=backend, **ctl).cpu()
     tok_ctl = _tokens(y_ctl, logits_dtype)
     M = x.shape[0]
     shape = (len(splits), len(pds), len(orders))
@@ -93,7 +104,8 @@ def splitk_sweep(x: torch.Tensor, w: torch.Tensor, *, splits: Sequence[int] = ra
     for i, s in enumerate(splits):
         for j, p in enumerate(pds):
             for k, o in enumerate(orders):
-                y = splitk_matmul(x, w, splits=s, partial_dtype=p, order=o, out_dtype=out_dtype, backend=backend)
+                y = splitk_matmul(xd, wd, splits=s, partial_dtype=p, order=o, out_dtype=out_dtype,
+                                  backend=backend).cpu()
                 c = compare(exact, y, dtype=ulp)
                 rel[i, j, k], mx[i, j, k], mu[i, j, k] = c.rel_l2, c.max_abs, c.max_ulp
                 tok[i, j, k] = _tokens(y, logits_dtype)
@@ -121,7 +133,7 @@ def splitk_sweep(x: torch.Tensor, w: torch.Tensor, *, splits: Sequence[int] = ra
     ds["max_ulp"].attrs["units"] = f"{ulp} ULP"
     ds.attrs.update(
         analysis="splitk_sweep", oracle="exact FP64 product (gemm oracle, unrounded partials)",
-        backend=backend, out_dtype=canonical(out_dtype), logits_dtype=logits_dtype or "as computed",
+        backend=backend, device=str(dev), out_dtype=canonical(out_dtype), logits_dtype=logits_dtype or "as computed",
         token_rule="greedy, first maximum", control=str(ctl), shape_x=str(list(x.shape)),
         shape_w=str(list(w.shape)), x_dtype=canonical(x.dtype),
         fails="the chosen token of some row differs from the FP64 choice",

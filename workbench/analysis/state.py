@@ -14,6 +14,7 @@ import xarray as xr
 from workbench.capture.reader import Capture, open_capture
 from workbench.errors import AnalysisError
 from workbench.kernels import gdn
+from workbench.kernels.registry import resolve_device
 from workbench.numerics.policy import Policy, resolve_policy
 
 __all__ = ["state_drift", "state_evolution", "chunked_continuation", "prefill_decode_handoff", "growth", "trend",
@@ -123,8 +124,15 @@ def state_drift(candidate, control, *, op: str = "gdn", name: str = "state", ran
     return ds
 
 
+def _placed(device, q, *xs):
+    """The device the backend runs on (None: q's) and ``xs`` moved there (None stays None): the
+    FP64 oracle keeps the inputs as given, the backend gets them on its device."""
+    dev = resolve_device(device) if device is not None else q.device
+    return dev, [None if x is None else x.to(dev) for x in xs]
+
+
 def state_evolution(q, k, v, g, beta, *, policy=None, control_policy=None, backend: str = "torch",
-                    initial_state=None, qk_l2norm: bool = True, scale=None) -> xr.Dataset:
+                    initial_state=None, qk_l2norm: bool = True, scale=None, device=None) -> xr.Dataset:
     """Decode ``T`` steps one token at a time and follow the state against the FP64 oracle.
 
     Parameters
@@ -133,6 +141,8 @@ def state_evolution(q, k, v, g, beta, *, policy=None, control_policy=None, backe
     policy: the numerics policy under test (e.g. ``Policy(state_dtype="bf16")``)
     control_policy: a second policy to compare with (default the fp32 ``Policy()``)
     backend: the GDN backend of both policies
+    device: where the backend runs (None: the inputs' device; "auto": the GPU when there is one);
+        the oracle runs on the inputs as given, the errors are computed on the CPU
     initial_state: ``[B, HV, K, V]`` float32 (None: zeros)
 
     Returns
@@ -155,32 +165,36 @@ def state_evolution(q, k, v, g, beta, *, policy=None, control_policy=None, backe
     cpol = resolve_policy(control_policy) if control_policy is not None else Policy()
     T = q.shape[1]
     HV = v.shape[2]
-    s_t = s_c = initial_state
+    dev, (qd, kd, vd, gd, bd, s_t) = _placed(device, q, q, k, v, g, beta, initial_state)
+    s_c = s_t
     s_o = None if initial_state is None else initial_state.double()
     eo, ec, ouo, co = (np.zeros((T, HV)) for _ in range(4))
     for t in range(T):
         args = [x[:, t:t + 1] for x in (q, k, v, g, beta)]
-        o_t, s_t = gdn.recurrent(*args, initial_state=s_t, qk_l2norm=qk_l2norm, scale=scale, backend=backend, policy=pol)
-        _, s_c = gdn.recurrent(*args, initial_state=s_c, qk_l2norm=qk_l2norm, scale=scale, backend=backend, policy=cpol)
+        dargs = [x[:, t:t + 1] for x in (qd, kd, vd, gd, bd)]
+        o_t, s_t = gdn.recurrent(*dargs, initial_state=s_t, qk_l2norm=qk_l2norm, scale=scale, backend=backend, policy=pol)
+        _, s_c = gdn.recurrent(*dargs, initial_state=s_c, qk_l2norm=qk_l2norm, scale=scale, backend=backend, policy=cpol)
         o_o, s_o = gdn.recurrent(*args, initial_state=s_o, qk_l2norm=qk_l2norm, scale=scale, backend="oracle")
-        eo[t] = _rel_per_head(s_t, s_o, 1)
-        ec[t] = _rel_per_head(s_t, s_c, 1)
-        co[t] = _rel_per_head(s_c, s_o, 1)
-        ouo[t] = _rel_per_head(o_t, o_o, 2)
+        st, sc = s_t.cpu(), s_c.cpu()
+        eo[t] = _rel_per_head(st, s_o, 1)
+        ec[t] = _rel_per_head(st, sc, 1)
+        co[t] = _rel_per_head(sc, s_o, 1)
+        ouo[t] = _rel_per_head(o_t.cpu(), o_o, 2)
     dims = ("step", "head")
     ds = xr.Dataset({"err_oracle": (dims, eo), "err_control": (dims, ec), "out_err_oracle": (dims, ouo),
                      "control_err_oracle": (dims, co)},
                     coords={"step": np.arange(1, T + 1), "head": np.arange(HV)})
-    ds.attrs.update(analysis="state_evolution", backend=backend, policy=pol.label(), control_policy=cpol.label(),
+    ds.attrs.update(analysis="state_evolution", backend=backend, device=str(dev), policy=pol.label(), control_policy=cpol.label(),
                     metric="relative L2 per value head over batch, K and V", oracle="gdn backend 'oracle' (fp64)",
                     growth=growth(ds.err_oracle), trend=trend(ds.err_oracle))
     return ds
 
 
 def chunked_continuation(q, k, v, g, beta, *, split: int = 64, chunk_size: int = 64, backend: str = "torch",
-                         policy=None, qk_l2norm: bool = True, scale=None) -> xr.Dataset:
+                         policy=None, qk_l2norm: bool = True, scale=None, device=None) -> xr.Dataset:
     """Chunked prefill of ``T`` tokens in one call against two calls that hand the state over
     (``split`` then ``T - split``, e.g. 64 + 64 vs 128), each against the FP64 oracle recurrence.
+    ``device``: where the backend runs (as in :func:`state_evolution`).
 
     Returns
     -------
@@ -203,28 +217,32 @@ def chunked_continuation(q, k, v, g, beta, *, split: int = 64, chunk_size: int =
                             fix="pass split=64 for 64 + 64 of 128 tokens")
     kw = dict(qk_l2norm=qk_l2norm, scale=scale)
     o_ref, s_ref = gdn.recurrent(q, k, v, g, beta, backend="oracle", **kw)
-    o1, s1 = gdn.chunked(q, k, v, g, beta, chunk_size=chunk_size, backend=backend, policy=policy, **kw)
-    a = [x[:, :split] for x in (q, k, v, g, beta)]
-    b = [x[:, split:] for x in (q, k, v, g, beta)]
+    dev, xd = _placed(device, q, q, k, v, g, beta)
+    o1, s1 = gdn.chunked(*xd, chunk_size=chunk_size, backend=backend, policy=policy, **kw)
+    a = [x[:, :split] for x in xd]
+    b = [x[:, split:] for x in xd]
     oa, sa = gdn.chunked(*a, chunk_size=chunk_size, backend=backend, policy=policy, **kw)
     ob, s2 = gdn.chunked(*b, initial_state=sa, chunk_size=chunk_size, backend=backend, policy=policy, **kw)
-    o2 = torch.cat([oa, ob], 1)
+    o2 = torch.cat([oa, ob], 1).cpu()
+    o1, s1, s2 = o1.cpu(), s1.cpu(), s2.cpu()
     ds = xr.Dataset(
         {"out_err": (("variant", "head"), np.stack([_rel_per_head(o1, o_ref, 2), _rel_per_head(o2, o_ref, 2)])),
          "state_err": (("variant", "head"), np.stack([_rel_per_head(s1, s_ref, 1), _rel_per_head(s2, s_ref, 1)])),
          "between": ("head", _rel_per_head(s2, s1, 1))},
         coords={"variant": ["one_call", "continued"], "head": np.arange(v.shape[2])})
     ds.attrs.update(analysis="chunked_continuation", T=T, split=f"{split}+{T - split}", chunk_size=chunk_size,
-                    backend=backend, policy=resolve_policy(policy).label(),
+                    backend=backend, device=str(dev), policy=resolve_policy(policy).label(),
                     bitwise_equal=int(torch.equal(o1, o2) and torch.equal(s1, s2)),
                     oracle="gdn.recurrent backend 'oracle' (fp64) over all T tokens")
     return ds
 
 
 def prefill_decode_handoff(q, k, v, g, beta, *, prefill_len: int, backend: str = "torch", policy=None,
-                           chunk_size: int | None = None, qk_l2norm: bool = True, scale=None) -> xr.Dataset:
+                           chunk_size: int | None = None, qk_l2norm: bool = True, scale=None,
+                           device=None) -> xr.Dataset:
     """Chunked prefill of the first ``prefill_len`` tokens, then one-token decode steps that
     start from the prefill's final state; every output against the FP64 oracle over all tokens.
+    ``device``: where the backend runs (as in :func:`state_evolution`).
 
     Returns
     -------
@@ -247,21 +265,22 @@ def prefill_decode_handoff(q, k, v, g, beta, *, prefill_len: int, backend: str =
                             fix="leave at least one token to decode")
     kw = dict(qk_l2norm=qk_l2norm, scale=scale)
     o_ref, s_ref = gdn.recurrent(q, k, v, g, beta, backend="oracle", **kw)
-    pre = [x[:, :prefill_len] for x in (q, k, v, g, beta)]
+    dev, xd = _placed(device, q, q, k, v, g, beta)
+    pre = [x[:, :prefill_len] for x in xd]
     o_p, s = gdn.chunked(*pre, chunk_size=chunk_size, backend=backend, policy=policy, **kw)
     outs = [o_p]
     for t in range(prefill_len, T):
-        o_t, s = gdn.recurrent(*[x[:, t:t + 1] for x in (q, k, v, g, beta)], initial_state=s, backend=backend,
+        o_t, s = gdn.recurrent(*[x[:, t:t + 1] for x in xd], initial_state=s, backend=backend,
                                policy=policy, **kw)
         outs.append(o_t)
-    o = torch.cat(outs, 1)
+    o, s = torch.cat(outs, 1).cpu(), s.cpu()
     err = np.stack([_rel_per_head(o[:, t], o_ref[:, t], 1) for t in range(T)])
     ds = xr.Dataset({"out_err": (("position", "head"), err),
                      "phase": ("position", np.where(np.arange(T) < prefill_len, "prefill", "decode")),
                      "state_err": ("head", _rel_per_head(s, s_ref, 1))},
                     coords={"position": np.arange(T), "head": np.arange(v.shape[2])})
     last = float(err[prefill_len - 1].mean())
-    ds.attrs.update(analysis="prefill_decode_handoff", prefill_len=prefill_len, T=T, backend=backend,
+    ds.attrs.update(analysis="prefill_decode_handoff", prefill_len=prefill_len, T=T, backend=backend, device=str(dev),
                     policy=resolve_policy(policy).label(),
                     handoff_jump=float(err[prefill_len].mean() / last) if last > 0 else float("nan"),
                     oracle="gdn.recurrent backend 'oracle' (fp64) over all T tokens")
