@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from workbench.analysis import counterfactuals, describe_counterfactuals, replay
-from workbench.analysis.replay import replay_cases
+from workbench.analysis.replay import OpAdapter, replay_cases
 from workbench.capture import CaptureWriter, open_capture
 from workbench.errors import AnalysisError
 from workbench.kernels import gdn
@@ -120,3 +120,11 @@ def test_a_user_registered_adapter_replays_captures_with_other_names(tmp_path):
     with pytest.raises(AnalysisError, match="must be one of") as e:
         replay(tmp_path / "c", op="lm_head_gemm")
     assert "register_adapter" in e.value.fix
+
+
+def test_bundled_adapters_exist_without_installed_metadata():
+    # a checkout used without `pip install` (PYTHONPATH only: the GPU machine) has no entry points
+    from workbench.analysis.replay import REGISTRY
+    for name in ("gdn", "qsa_merge", "qsa"):
+        assert REGISTRY.entry(name).source == "builtin"
+        assert isinstance(REGISTRY.load(name), OpAdapter)

@@ -61,6 +61,11 @@ def _check_adapter(obj) -> str | None:
 
 
 REGISTRY = Registry("replay adapter", "workbench.replay_adapters", check=_check_adapter, error=AnalysisError)
+# the bundled model's adapters are built in: registered here too, so that they exist where the
+# package runs from a checkout without installed metadata (entry points need an installed
+# distribution); the entry points of the same names and targets are then the same entries
+for _name in ("gdn", "qsa_merge", "qsa"):
+    REGISTRY.register(_name, f"workbench.models.hybrid_replay:{_name.upper()}", source="builtin")
 
 
 def register_adapter(name: str, adapter: OpAdapter | str, *, replace: bool = True) -> None:
