@@ -43,7 +43,7 @@ register_backend("gdn", "fla", "workbench.kernels.gdn.fla",
                  description="flash-linear-attention chunk/fused_recurrent_gated_delta_rule")
 
 
-def recurrent(q, k, v, g, beta, *, scale=None, initial_state=None, qk_l2norm=False,
+def recurrent(q, k, v, g, beta, *, scale=None, initial_state=None, qk_l2norm=False, cu_seqlens=None,
               backend="torch", policy=None):
     """Gated delta rule, step by step (prefill recurrence, or decode with T = 1).
 
@@ -63,6 +63,13 @@ def recurrent(q, k, v, g, beta, *, scale=None, initial_state=None, qk_l2norm=Fal
         State before the first step (None: zeros).
     qk_l2norm : bool
         L2-normalize q and k over K first (x / sqrt(sum x^2 + 1e-6)), as Qwen3-Next does.
+    cu_seqlens : list of int or 1-D int tensor [N + 1], optional
+        A packed batch, as engines run prefill: B = 1 and sequence i is tokens
+        ``cu_seqlens[i]:cu_seqlens[i + 1]`` of T, with ``initial_state [N, HV, K, V]`` (one per
+        sequence) and ``final_state [N, HV, K, V]``; no state crosses a boundary. Empty and
+        length-1 sequences are allowed. Every backend gives the same bits as running each
+        sequence alone, except fla (its own packed kernel). Read on the host: pass a list or a
+        CPU tensor.
     backend : str
         One of ``BACKENDS``; see ``workbench.kernels.backends("gdn")``.
     policy : Policy or dict, optional
@@ -72,7 +79,7 @@ def recurrent(q, k, v, g, beta, *, scale=None, initial_state=None, qk_l2norm=Fal
     -------
     o : [B, T, HV, V]
         Output, in ``policy.output_dtype`` (None: v's dtype); float64 from the oracle.
-    final_state : [B, HV, K, V] float32 (float64 from the oracle)
+    final_state : [B, HV, K, V] float32 (float64 from the oracle); [N, HV, K, V] for a packed batch
 
     Examples
     --------
@@ -87,17 +94,20 @@ def recurrent(q, k, v, g, beta, *, scale=None, initial_state=None, qk_l2norm=Fal
     # every backend checks its arguments itself (check_gdn): checking here too would double the
     # Python cost of a decode step
     return call("gdn", backend, "recurrent", q, k, v, g, beta, scale=scale, initial_state=initial_state,
-                qk_l2norm=qk_l2norm, policy=policy)
+                qk_l2norm=qk_l2norm, cu_seqlens=cu_seqlens, policy=policy)
 
 
 def chunked(q, k, v, g, beta, *, scale=None, initial_state=None, qk_l2norm=False,
-            chunk_size=None, backend="torch", policy=None):
+            chunk_size=None, cu_seqlens=None, backend="torch", policy=None):
     """Gated delta rule in chunked (UT/WY) form: the same result as :func:`recurrent`.
 
     Parameters are those of :func:`recurrent`, plus
 
     chunk_size : int, optional
         Tokens per chunk (None: ``policy.chunk_size``, 64 by default). T need not be a multiple.
+    cu_seqlens : list of int or 1-D int tensor [N + 1], optional
+        A packed batch (see :func:`recurrent`); chunks never cross a sequence boundary: each
+        sequence is chunked from its own first token.
 
     Returns
     -------
@@ -117,7 +127,8 @@ def chunked(q, k, v, g, beta, *, scale=None, initial_state=None, qk_l2norm=False
     if chunk_size is not None:
         _checks.resolve_chunk(chunk_size, None)
     return call("gdn", backend, "chunked", q, k, v, g, beta, scale=scale, initial_state=initial_state,
-                qk_l2norm=qk_l2norm, chunk_size=chunk_size, policy=policy, knobs={"chunk_size": chunk_size})
+                qk_l2norm=qk_l2norm, chunk_size=chunk_size, cu_seqlens=cu_seqlens, policy=policy,
+                knobs={"chunk_size": chunk_size})
 
 
 def gates(a, b, A_log, dt_bias, *, backend="torch", policy=None, fallback=None):

@@ -36,6 +36,7 @@ from workbench.kernels.gdn._launch import stage
 from workbench.kernels.registry import backend_op, note_path
 from workbench.numerics.dtypes import native_code, torch_dtype
 from workbench.numerics.policy import requested_cuda_path
+from workbench.kernels.gdn._varlen import per_sequence
 
 # the ops this backend implements itself; the helper ops (gates, conv, gated norm) are torch's
 # or the oracle's, reached through fallback= (workbench.kernels.registry.get_op)
@@ -236,11 +237,18 @@ def launch(op, s, C, acc64, tensors, state, o, path="scalar", qk_l2norm=False):
 
 
 @backend_op
-def recurrent(q, k, v, g, beta, *, scale=None, initial_state=None, qk_l2norm=False, policy=None):
+def recurrent(q, k, v, g, beta, *, scale=None, initial_state=None, qk_l2norm=False, cu_seqlens=None,
+              policy=None):
+    if cu_seqlens is not None:  # a packed batch: each sequence alone (workbench.kernels.gdn._varlen)
+        return per_sequence(recurrent, q, k, v, g, beta, cu_seqlens, initial_state, scale=scale,
+                            qk_l2norm=qk_l2norm, policy=policy)
     return _run("recurrent", q, k, v, g, beta, scale, initial_state, qk_l2norm, policy)
 
 
 @backend_op
 def chunked(q, k, v, g, beta, *, scale=None, initial_state=None, qk_l2norm=False,
-            chunk_size=None, policy=None):
+            chunk_size=None, cu_seqlens=None, policy=None):
+    if cu_seqlens is not None:  # a packed batch: each sequence alone, no chunk crosses a boundary
+        return per_sequence(chunked, q, k, v, g, beta, cu_seqlens, initial_state, scale=scale,
+                            qk_l2norm=qk_l2norm, chunk_size=chunk_size, policy=policy)
     return _run("chunked", q, k, v, g, beta, scale, initial_state, qk_l2norm, policy, chunk_size)

@@ -16,6 +16,7 @@ import torch
 
 # the helper ops run through the torch implementation (same keyword signatures)
 from workbench.kernels.gdn._checks import check_gdn
+from workbench.kernels.gdn._varlen import check_packed
 
 # the ops this backend implements itself; the helper ops (gates, conv, gated norm) are torch's
 # or the oracle's, reached through fallback= (workbench.kernels.registry.get_op)
@@ -59,19 +60,26 @@ def _state(initial_state):
     return None if initial_state is None else initial_state.to(torch.float32).contiguous()
 
 
-def _run(which, q, k, v, g, beta, scale, initial_state, qk_l2norm):
-    s = check_gdn(q, k, v, g, beta, scale, initial_state)
+def _run(which, q, k, v, g, beta, scale, initial_state, qk_l2norm, cu_seqlens=None):
+    extra = {}
+    if cu_seqlens is None:
+        s = check_gdn(q, k, v, g, beta, scale, initial_state)
+    else:  # fla packs sequences itself: one launch, cu_seqlens as an int64 tensor on the device
+        offs = check_packed(q, k, v, cu_seqlens, initial_state)
+        s = check_gdn(q, k, v, g, beta, scale, None if initial_state is None else initial_state[:1])
+        extra["cu_seqlens"] = torch.tensor(offs, dtype=torch.long, device=q.device)
     chunk, fused = _fla()
     o, st = (chunk if which == "chunked" else fused)(
         q=q, k=k, v=v, g=g.float(), beta=beta.to(q.dtype), scale=s.scale, initial_state=_state(initial_state),
-        output_final_state=True, use_qk_l2norm_in_kernel=qk_l2norm)
+        output_final_state=True, use_qk_l2norm_in_kernel=qk_l2norm, **extra)
     return o, st
 
 
-def recurrent(q, k, v, g, beta, *, scale=None, initial_state=None, qk_l2norm=False, policy=None):
-    return _run("recurrent", q, k, v, g, beta, scale, initial_state, qk_l2norm)
+def recurrent(q, k, v, g, beta, *, scale=None, initial_state=None, qk_l2norm=False, cu_seqlens=None,
+              policy=None):
+    return _run("recurrent", q, k, v, g, beta, scale, initial_state, qk_l2norm, cu_seqlens)
 
 
 def chunked(q, k, v, g, beta, *, scale=None, initial_state=None, qk_l2norm=False,
-            chunk_size=None, policy=None):
-    return _run("chunked", q, k, v, g, beta, scale, initial_state, qk_l2norm)  # chunk 64: KNOBS
+            chunk_size=None, cu_seqlens=None, policy=None):
+    return _run("chunked", q, k, v, g, beta, scale, initial_state, qk_l2norm, cu_seqlens)  # chunk 64: KNOBS

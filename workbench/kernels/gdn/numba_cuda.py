@@ -32,6 +32,7 @@ from workbench.errors import KernelArgumentError
 # the helper ops run through the torch implementation (same keyword signatures)
 from workbench.kernels.gdn._launch import stage
 from workbench.kernels.registry import backend_op, note_path
+from workbench.kernels.gdn._varlen import per_sequence
 
 try:  # kernels must see the module-level ``cuda``: the simulator swaps it in their globals
     from numba import cuda, float32
@@ -444,11 +445,18 @@ def _run(op, q, k, v, g, beta, scale, initial_state, qk_l2norm, policy, chunk_si
 
 
 @backend_op
-def recurrent(q, k, v, g, beta, *, scale=None, initial_state=None, qk_l2norm=False, policy=None):
+def recurrent(q, k, v, g, beta, *, scale=None, initial_state=None, qk_l2norm=False, cu_seqlens=None,
+              policy=None):
+    if cu_seqlens is not None:  # a packed batch: each sequence alone (workbench.kernels.gdn._varlen)
+        return per_sequence(recurrent, q, k, v, g, beta, cu_seqlens, initial_state, scale=scale,
+                            qk_l2norm=qk_l2norm, policy=policy)
     return _run("recurrent", q, k, v, g, beta, scale, initial_state, qk_l2norm, policy)
 
 
 @backend_op
 def chunked(q, k, v, g, beta, *, scale=None, initial_state=None, qk_l2norm=False,
-            chunk_size=None, policy=None):
+            chunk_size=None, cu_seqlens=None, policy=None):
+    if cu_seqlens is not None:  # a packed batch: each sequence alone, no chunk crosses a boundary
+        return per_sequence(chunked, q, k, v, g, beta, cu_seqlens, initial_state, scale=scale,
+                            qk_l2norm=qk_l2norm, chunk_size=chunk_size, policy=policy)
     return _run("chunked", q, k, v, g, beta, scale, initial_state, qk_l2norm, policy, chunk_size)

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from workbench.kernels.gdn._checks import check_gdn, l2norm, resolve_chunk
 from workbench.kernels.gdn._chunk import chunk_step
 from workbench.kernels.registry import backend_op
+from workbench.kernels.gdn._varlen import per_sequence
 
 OPS = ("recurrent", "chunked", "gates", "causal_conv1d", "gated_rmsnorm")
 # float64 throughout: the numerics policy does not apply (the truth every policy is judged against)
@@ -42,8 +43,12 @@ def _prepare(q, k, v, g, beta, scale, initial_state, qk_l2norm):
     return s, q, k, v, g, beta, S
 
 
-def recurrent(q, k, v, g, beta, *, scale=None, initial_state=None, qk_l2norm=False, policy=None):
+def recurrent(q, k, v, g, beta, *, scale=None, initial_state=None, qk_l2norm=False, cu_seqlens=None,
+              policy=None):
     """Step-by-step recurrence in float64; see :func:`workbench.kernels.gdn.recurrent`."""
+    if cu_seqlens is not None:  # a packed batch: each sequence alone (workbench.kernels.gdn._varlen)
+        return per_sequence(recurrent, q, k, v, g, beta, cu_seqlens, initial_state, scale=scale,
+                            qk_l2norm=qk_l2norm, policy=policy)
     s, q, k, v, g, beta, S = _prepare(q, k, v, g, beta, scale, initial_state, qk_l2norm)
     o = torch.empty(s.B, s.T, s.HV, s.V, dtype=F64, device=q.device)
     for t in range(s.T):
@@ -57,8 +62,11 @@ def recurrent(q, k, v, g, beta, *, scale=None, initial_state=None, qk_l2norm=Fal
 
 @backend_op
 def chunked(q, k, v, g, beta, *, scale=None, initial_state=None, qk_l2norm=False,
-            chunk_size=None, policy=None):
+            chunk_size=None, cu_seqlens=None, policy=None):
     """Chunked (UT/WY) form in float64; see :func:`workbench.kernels.gdn.chunked`."""
+    if cu_seqlens is not None:  # a packed batch: each sequence alone, no chunk crosses a boundary
+        return per_sequence(chunked, q, k, v, g, beta, cu_seqlens, initial_state, scale=scale,
+                            qk_l2norm=qk_l2norm, chunk_size=chunk_size, policy=policy)
     C = resolve_chunk(chunk_size, policy)
     s, q, k, v, g, beta, S = _prepare(q, k, v, g, beta, scale, initial_state, qk_l2norm)
     # [B, HV, T, *] so that per-head matrices are the trailing two dims

@@ -22,6 +22,7 @@ from workbench.kernels.gdn._checks import check_gdn, l2norm, resolve_chunk
 from workbench.kernels.gdn._chunk import chunk_step
 from workbench.numerics.dtypes import torch_dtype
 from workbench.kernels.registry import backend_op
+from workbench.kernels.gdn._varlen import per_sequence
 
 OPS = ("recurrent", "chunked", "gates", "causal_conv1d", "gated_rmsnorm")
 # it honours every value of every GDN knob but the native kernels' cuda_path
@@ -67,8 +68,12 @@ def _prepare(q, k, v, g, beta, scale, initial_state, qk_l2norm, policy):
 
 
 @backend_op
-def recurrent(q, k, v, g, beta, *, scale=None, initial_state=None, qk_l2norm=False, policy=None):
+def recurrent(q, k, v, g, beta, *, scale=None, initial_state=None, qk_l2norm=False, cu_seqlens=None,
+              policy=None):
     """Per-step recurrence; the state is rounded to ``policy.state_dtype`` after every step."""
+    if cu_seqlens is not None:  # a packed batch: each sequence alone (workbench.kernels.gdn._varlen)
+        return per_sequence(recurrent, q, k, v, g, beta, cu_seqlens, initial_state, scale=scale,
+                            qk_l2norm=qk_l2norm, policy=policy)
     s, p, r, q, k, v, g, beta, S = _prepare(q, k, v, g, beta, scale, initial_state, qk_l2norm,
                                             policy)
     o = torch.empty(s.B, s.T, s.HV, s.V, dtype=r.acc, device=q.device)
@@ -83,8 +88,11 @@ def recurrent(q, k, v, g, beta, *, scale=None, initial_state=None, qk_l2norm=Fal
 
 @backend_op
 def chunked(q, k, v, g, beta, *, scale=None, initial_state=None, qk_l2norm=False,
-            chunk_size=None, policy=None):
+            chunk_size=None, cu_seqlens=None, policy=None):
     """Chunked (UT/WY) form; the state is rounded to ``policy.state_dtype`` at chunk boundaries."""
+    if cu_seqlens is not None:  # a packed batch: each sequence alone, no chunk crosses a boundary
+        return per_sequence(chunked, q, k, v, g, beta, cu_seqlens, initial_state, scale=scale,
+                            qk_l2norm=qk_l2norm, chunk_size=chunk_size, policy=policy)
     s, p, r, q, k, v, g, beta, S = _prepare(q, k, v, g, beta, scale, initial_state, qk_l2norm,
                                             policy)
     C = resolve_chunk(chunk_size, p)

@@ -1,0 +1,156 @@
+"""GDN kernels against fla over a matrix of shapes, side by side in one run; the summary reports
+the minimum ratio across shapes, not the best shape.
+
+Prefill: ``gdn.chunked(backend="ext")`` (the public call) against fla's ``chunk_gated_delta_rule``
+over B, T, H, HV, K/V, a packed varlen batch (``cu_seqlens``: ext runs each sequence alone, fla
+its own packed kernel) and the q/k L2 norm in the kernel or done up front. Decode (T = 1): ext
+and numba ``gdn.recurrent`` against fla's ``fused_recurrent_gated_delta_rule`` at B = 1..256.
+Every call is captured in a CUDA graph and the replay timed (median of triton's do_bench), so
+Python launch cost is out of both sides. ratio = fla time / ours (above 1: ours is faster).
+Correctness is checked on each shape first (rel L2 of o against fla's and against the FP64 oracle
+on the first shape of each kind).
+
+    python benchmarks/gdn_matrix.py --out benchmarks/results/gdn-matrix-h200-YYYY-MM-DD.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import sys
+import traceback
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from gdn import _bench, _fla, _graphed, _versions  # noqa: E402
+
+import workbench  # noqa: E402
+from workbench.kernels import gdn  # noqa: E402
+from workbench.kernels.gdn._cases import make_inputs  # noqa: E402
+from workbench.kernels.gdn._checks import l2norm  # noqa: E402
+
+# (name, B, T or lengths, H, HV, K, V, norm in kernel)
+PREFILL = [
+    ("B1 T8192 H16 HV32", 1, 8192, 16, 32, 128, 128, False),
+    ("B1 T32768 H16 HV32", 1, 32768, 16, 32, 128, 128, False),
+    ("B4 T4096 H16 HV32", 4, 4096, 16, 32, 128, 128, False),
+    ("B1 T2000 H16 HV48", 1, 2000, 16, 48, 128, 128, False),
+    ("B8 T1000 H16 HV32", 8, 1000, 16, 32, 128, 128, False),
+    ("B2 T3001 H8 HV32 norm-in-kernel", 2, 3001, 8, 32, 128, 128, True),
+    ("B1 T16384 H16 HV64", 1, 16384, 16, 64, 128, 128, False),
+    ("B1 T4096 H16 HV32 K64 V64", 1, 4096, 16, 32, 64, 64, False),
+    ("varlen 5 seqs (1000,3001,500,2048,77) H16 HV32", 1, [1000, 3001, 500, 2048, 77], 16, 32, 128, 128, False),
+    ("varlen 16 seqs of 512 H16 HV32", 1, [512] * 16, 16, 32, 128, 128, False),
+]
+DECODE_B = (1, 16, 64, 256)
+
+
+def _inputs(B, T, H, HV, K, V, norm_in_kernel, seed=0):
+    x = make_inputs(B, T, H, HV, K, V, dtype=torch.bfloat16, state=True, seed=seed, device="cuda")
+    if not norm_in_kernel:
+        x["q"], x["k"] = l2norm(x["q"].float()).bfloat16(), l2norm(x["k"].float()).bfloat16()
+    return x
+
+
+def _rel(a, b):
+    return float(workbench.compare(a.float().cpu(), b.float().cpu()).rel_l2)
+
+
+def prefill(rows, errors):
+    chunk, _ = _fla()
+    for name, B, T, H, HV, K, V, norm in PREFILL:
+        try:
+            lengths = T if isinstance(T, list) else None
+            total = sum(lengths) if lengths else T
+            x = _inputs(B, total, H, HV, K, V, norm)
+            cu, s0 = None, x["initial_state"]
+            if lengths:
+                cu = [0]
+                for n in lengths:
+                    cu.append(cu[-1] + n)
+                s0 = (0.1 * torch.randn(len(lengths), HV, K, V, device="cuda"))
+            cu_t = torch.tensor(cu, dtype=torch.long, device="cuda") if cu else None
+            extra = {"cu_seqlens": cu_t} if cu else {}
+
+            def ours():
+                return gdn.chunked(x["q"], x["k"], x["v"], x["g"], x["beta"], initial_state=s0, qk_l2norm=norm,
+                                   cu_seqlens=cu, backend="ext")
+
+            def peer():
+                return chunk(q=x["q"], k=x["k"], v=x["v"], g=x["g"].float(), beta=x["beta"].to(x["q"].dtype),
+                             initial_state=s0.float(), output_final_state=True, use_qk_l2norm_in_kernel=norm, **extra)
+            o1, s1 = ours()
+            o2, s2 = peer()
+            t_ours, t_peer = _bench(_graphed(ours)), _bench(_graphed(peer))
+            rows.append({"kind": "prefill", "shape": name, "B": B, "T": total, "H": H, "HV": HV, "K": K, "V": V,
+                         "varlen": bool(lengths), "norm_in_kernel": norm, "ours": "ext gdn.chunked",
+                         "ms_ours": t_ours, "ms_fla": t_peer, "ratio": t_peer / t_ours,
+                         "rel_l2_o_vs_fla": _rel(o1, o2), "rel_l2_state_vs_fla": _rel(s1, s2)})
+            print(json.dumps(rows[-1]))
+        except Exception:
+            errors.append({"shape": name, "error": traceback.format_exc()[-1500:]})
+            print(name, "failed", errors[-1]["error"][-400:])
+
+
+def decode(rows, errors):
+    _, fused = _fla()
+    for B in DECODE_B:
+        x = _inputs(B, 1, 16, 32, 128, 128, False, seed=B)
+
+        def peer():
+            return fused(q=x["q"], k=x["k"], v=x["v"], g=x["g"].float(), beta=x["beta"].to(x["q"].dtype),
+                         initial_state=x["initial_state"].float(), output_final_state=True)
+        t_peer = _bench(_graphed(peer))
+        o2, _ = peer()
+        for be in ("ext", "numba"):
+            try:
+                def ours(be=be):
+                    return gdn.recurrent(x["q"], x["k"], x["v"], x["g"], x["beta"], initial_state=x["initial_state"],
+                                         backend=be)
+                o1, _ = ours()
+                t_ours = _bench(_graphed(ours))
+                rows.append({"kind": "decode", "shape": f"B{B} T1 H16 HV32 K128 V128", "B": B, "ours": f"{be} gdn.recurrent",
+                             "ms_ours": t_ours, "ms_fla": t_peer, "ratio": t_peer / t_ours,
+                             "rel_l2_o_vs_fla": _rel(o1, o2)})
+                print(json.dumps(rows[-1]))
+            except Exception:
+                errors.append({"shape": f"decode B{B} {be}", "error": traceback.format_exc()[-1500:]})
+                print(be, B, "failed", errors[-1]["error"][-400:])
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--skip", nargs="*", default=[], choices=["prefill", "decode"])
+    args = ap.parse_args()
+    rows, errors = [], []
+    if "prefill" not in args.skip:
+        prefill(rows, errors)
+    if "decode" not in args.skip:
+        decode(rows, errors)
+
+    def least(kind, ours):
+        r = [x for x in rows if x["kind"] == kind and x["ours"].startswith(ours)]
+        if not r:
+            return None
+        m = min(r, key=lambda x: x["ratio"])
+        return {"min_ratio": m["ratio"], "at": m["shape"], "max_ratio": max(x["ratio"] for x in r), "shapes": len(r)}
+    summary = {"prefill ext vs fla chunk": least("prefill", "ext"), "decode ext vs fla fused_recurrent": least("decode", "ext"),
+               "decode numba vs fla fused_recurrent": least("decode", "numba")}
+    out = {"benchmark": "gdn_matrix", "command": "python " + " ".join(sys.argv),
+           "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+           "device": torch.cuda.get_device_name(), "versions": _versions(),
+           "timing": "CUDA-graph replay, median of triton.testing.do_bench; ratio = fla ms / ours ms",
+           "summary": summary, "rows": rows, "errors": errors}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(out, indent=1))
+    print("summary:", json.dumps(summary))
+
+
+if __name__ == "__main__":
+    main()
