@@ -19,3 +19,13 @@ def run_one(out, notebook: str, **params):
 
 def gates_by_name(r) -> dict:
     return {g["name"]: g for g in r.gates}
+
+
+def found(r) -> list[dict]:
+    """The findings of a run, without the ``skipped`` ones (a backend that cannot run here)."""
+    return [f for f in r.findings if "skipped" not in f.get("data", {})]
+
+
+def skipped(r) -> dict:
+    """``{what: reason}`` of the parts a run skipped (nb.skipped)."""
+    return {f["data"]["skipped"]: f["data"]["reason"] for f in r.findings if "skipped" in f.get("data", {})}

@@ -8,10 +8,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
 from workbench.analysis.stats import tango_paired_ci
 
-from .helpers import gates_by_name, run_one
+from .helpers import found, gates_by_name, run_one, skipped
 from .user_hybrid import BF16_LAYER, PREFILL, write_user_hybrid
 
 pytestmark = pytest.mark.slow  # the end-to-end tier: make test-all (CI), not make test
@@ -68,9 +69,16 @@ def test_relocation_on_captured_attention_inputs(engine_run, tmp_path, monkeypat
     monkeypatch.chdir(engine_run)
     r = run_one(tmp_path / "a", "relocation", control="control")
     assert r.status == "passed", r.describe()
-    text = r.findings[0]["text"]
-    assert text.startswith("kernel level (captured sparse_attn q, k, v, indices") and "invariant page orders logical;" in text
-    assert set(gates_by_name(r)) == {"logical_kernel_invariant", "physical_kernel_changes"}  # no model to re-run
+    text = found(r)[0]["text"]
+    assert text.startswith("kernel level, torch on cpu (captured sparse_attn q, k, v, indices") and \
+        "invariant page orders logical;" in text
+    # every QSA backend that runs here is checked (ext's CPU build), the others said skipped with the reason
+    ran = ["torch", "ext"] if not torch.cuda.is_available() else ["torch", "ext", "numba"]
+    assert [f["data"]["backend"] for f in found(r) if f["text"].startswith("kernel level")] == ran
+    if not torch.cuda.is_available():
+        assert "numba.cuda" in skipped(r)["qsa backend numba on cpu"]
+    assert set(gates_by_name(r)) == {"logical_kernel_invariant", "physical_kernel_changes"} | {
+        f"logical_kernel_invariant_{b}" for b in ran[1:]}  # no model to re-run
 
 
 def test_tour_shows_the_first_divergence(engine_run, tmp_path, monkeypatch):

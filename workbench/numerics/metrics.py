@@ -472,8 +472,11 @@ def finish_batch(st, maxu, median, ns, shapes, kind, atol, rtol) -> dict[str, np
         rel = np.where(sa2 > 0, np.sqrt(sd2 / np.where(sa2 > 0, sa2, 1.0)), np.where(sd2 == 0, 0.0, np.inf))
         pos = (sa2 > 0) & (sb2 > 0)
         cos = np.where(pos, sab / np.sqrt(np.where(pos, sa2 * sb2, 1.0)), np.where(sa2 == sb2, 1.0, 0.0))
-        sqnr = np.where(sd2 == 0, np.inf, np.where(sa2 > 0, 10.0 * np.log10(np.where(sa2 > 0, sa2, 1.0)
-                                                                               / np.where(sd2 > 0, sd2, 1.0)), -np.inf))
+        # math.log10 per row, as _finish does: numpy's SIMD log10 may differ from libm's by an ULP on
+        # some CPUs (seen on an AVX-512 EPYC), and the bulk path must give the one-by-one values
+        ratio = np.where(sa2 > 0, sa2, 1.0) / np.where(sd2 > 0, sd2, 1.0)
+        logs = np.fromiter((math.log10(x) for x in ratio.tolist()), dtype=np.float64, count=len(ratio))
+        sqnr = np.where(sd2 == 0, np.inf, np.where(sa2 > 0, 10.0 * logs, -np.inf))
         mean = np.where(nboth > 0, sad / np.where(nboth > 0, nboth, 1.0), 0.0)
         frac = np.where(n > 0, st[:, _OUT] / np.where(n > 0, n, 1), 0.0)
     maxd = st[:, _MAXD]
