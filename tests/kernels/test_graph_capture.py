@@ -42,7 +42,14 @@ def test_decode_checks_still_reject_bad_values_on_cpu():
     bad[0, 0] = 10_000
     with pytest.raises(KernelArgumentError, match="block_table"):
         qsa.sparse_decode(pb.q, pb.cache, pb.cache.block_table, bad)
-    # shapes are checked whatever check= says
+    # every backend checks its own arguments (shapes always, values of CPU tensors), called
+    # through the public function or directly
+    from workbench.kernels.qsa import ext, oracle, torch_ref
+    for fn in (oracle.sparse_decode, torch_ref.sparse_decode, ext.sparse_decode):
+        with pytest.raises(KernelArgumentError, match="block_table"):
+            fn(pb.q, pb.cache, pb.cache.block_table, bad, policy=Policy())
+        with pytest.raises(KernelArgumentError, match="num_splits"):
+            fn(pb.q, pb.cache, pb.cache.block_table, pb.indices, num_splits=0, policy=Policy())
     with pytest.raises(KernelArgumentError, match="num_splits"):
         qsa.sparse_decode(pb.q, pb.cache, pb.cache.block_table, pb.indices, num_splits=0, check=False)
     check_decode_args(pb.q, pb.cache.k, pb.cache.v, pb.cache.block_table, bad, 2, check=False)

@@ -43,6 +43,12 @@ register_backend("gdn", "fla", "workbench.kernels.gdn.fla",
                  description="flash-linear-attention chunk/fused_recurrent_gated_delta_rule")
 
 
+def _packed(cu_seqlens) -> dict:
+    # passed only when given: a third-party backend written before packed batches still serves
+    # unpacked calls
+    return {} if cu_seqlens is None else {"cu_seqlens": cu_seqlens}
+
+
 def recurrent(q, k, v, g, beta, *, scale=None, initial_state=None, qk_l2norm=False, cu_seqlens=None,
               backend="torch", policy=None):
     """Gated delta rule, step by step (prefill recurrence, or decode with T = 1).
@@ -94,7 +100,7 @@ def recurrent(q, k, v, g, beta, *, scale=None, initial_state=None, qk_l2norm=Fal
     # every backend checks its arguments itself (check_gdn): checking here too would double the
     # Python cost of a decode step
     return call("gdn", backend, "recurrent", q, k, v, g, beta, scale=scale, initial_state=initial_state,
-                qk_l2norm=qk_l2norm, cu_seqlens=cu_seqlens, policy=policy)
+                qk_l2norm=qk_l2norm, policy=policy, **_packed(cu_seqlens))
 
 
 def chunked(q, k, v, g, beta, *, scale=None, initial_state=None, qk_l2norm=False,
@@ -127,8 +133,8 @@ def chunked(q, k, v, g, beta, *, scale=None, initial_state=None, qk_l2norm=False
     if chunk_size is not None:
         _checks.resolve_chunk(chunk_size, None)
     return call("gdn", backend, "chunked", q, k, v, g, beta, scale=scale, initial_state=initial_state,
-                qk_l2norm=qk_l2norm, chunk_size=chunk_size, cu_seqlens=cu_seqlens, policy=policy,
-                knobs={"chunk_size": chunk_size})
+                qk_l2norm=qk_l2norm, chunk_size=chunk_size, policy=policy, knobs={"chunk_size": chunk_size},
+                **_packed(cu_seqlens))
 
 
 def gates(a, b, A_log, dt_bias, *, backend="torch", policy=None, fallback=None):

@@ -136,7 +136,7 @@ def select(scores, *, budget, ratio=4, pos, seqlen=None, order="topk", backend="
 
 
 def sparse_decode(q, kv_cache, block_table, indices, *, scale=None, num_splits=None, policy=None,
-                  backend="torch", check=None):
+                  backend="torch", check=False):
     """Split-KV decode attention over the listed tokens of a paged KV cache.
 
     Tokens are attended in the order of ``indices``; a duplicate counts each time it is listed;
@@ -154,11 +154,12 @@ def sparse_decode(q, kv_cache, block_table, indices, *, scale=None, num_splits=N
     scale: softmax scale, default ``D ** -0.5``
     num_splits: KV splits (default ``policy.num_kv_splits``)
     policy: numerics policy (input/accum/prob/output dtypes, partition size, page order)
-    check: validate the values of ``indices`` and ``block_table`` (tokens in range, on allocated
-        pages). None (default): on CPU tensors only, so that a CUDA call reads nothing back from
-        the device and can be captured in a CUDA graph; True: also on CUDA (a debug mode: it
-        synchronizes, and is refused under graph capture); False: never. Out-of-range values
-        that are not checked are undefined behaviour on the GPU, as in other engines' kernels.
+    check: also validate the values of ``indices`` and ``block_table`` (tokens in range, on
+        allocated pages) of CUDA tensors: a debug mode (it synchronizes, and is refused under
+        CUDA-graph capture). Every backend checks shapes, dtypes and devices, and the values of
+        CPU tensors, on every call; on CUDA tensors it reads no value, so that the call can be
+        captured in a CUDA graph, and out-of-range values there are undefined behaviour, as in
+        other engines' kernels.
 
     Returns
     -------
@@ -172,9 +173,14 @@ def sparse_decode(q, kv_cache, block_table, indices, *, scale=None, num_splits=N
     >>> idx = torch.tensor([[0, 1, 2, 2, -1]], dtype=torch.int32)
     >>> o, lse = sparse_decode(torch.randn(1, 4, 16), cache, cache.block_table, idx, num_splits=2)
     """
-    k_cache, v_cache = unpack_cache(kv_cache)
-    check_decode_args(q, k_cache, v_cache, block_table, indices,
-                      resolve_policy(policy).num_kv_splits if num_splits is None else num_splits, check=check)
+    if num_splits is not None:  # before the policy takes it as a knob (a host int: free)
+        _posint("num_splits", num_splits)
+    if check:  # the debug mode; the backend checks the rest itself (its own entry point)
+        k_cache, v_cache = unpack_cache(kv_cache)
+        check_decode_args(q, k_cache, v_cache, block_table, indices,
+                          resolve_policy(policy).num_kv_splits if num_splits is None else num_splits, check=True)
+    else:
+        k_cache, v_cache = unpack_cache(kv_cache)
     return call("qsa", backend, "sparse_decode", q, (k_cache, v_cache), block_table, indices, scale=scale,
                 num_splits=num_splits, policy=policy, knobs={"num_kv_splits": num_splits})
 

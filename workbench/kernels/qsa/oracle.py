@@ -11,7 +11,7 @@ import math
 import torch
 
 from workbench.kernels.qsa._select import select_tokens
-from workbench.kernels.qsa.paged import unpack_cache, visit_slots
+from workbench.kernels.qsa.paged import check_decode_args, unpack_cache, visit_slots
 
 OPS = ("block_keys", "index_scores", "select", "sparse_decode", "merge_states", "output_gate")
 # float64 throughout: the numerics policy does not apply (the truth every policy is judged against)
@@ -53,6 +53,8 @@ def select(scores, *, budget, ratio=4, pos, seqlen=None, order="topk"):
 
 def sparse_decode(q, kv_cache, block_table, indices, *, scale=None, num_splits=None, policy=None):
     k_cache, v_cache = unpack_cache(kv_cache)
+    check_decode_args(q, k_cache, v_cache, block_table, indices,
+                      num_splits if num_splits is not None else (policy.num_kv_splits if policy is not None else 1))
     B, HQ, D = q.shape
     _, ps, HKV, _ = k_cache.shape
     scale = D ** -0.5 if scale is None else scale

@@ -15,7 +15,7 @@ import math
 import torch
 
 from workbench.kernels.qsa._select import select_tokens
-from workbench.kernels.qsa.paged import unpack_cache, visit_slots
+from workbench.kernels.qsa.paged import check_decode_args, unpack_cache, visit_slots
 from workbench.numerics.dtypes import torch_dtype
 from workbench.kernels.registry import backend_op
 
@@ -121,6 +121,9 @@ def merge_states(o_parts, lse_parts, *, policy=None):
 
 @backend_op
 def sparse_decode(q, kv_cache, block_table, indices, *, scale=None, num_splits=None, policy=None):
+    k_cache, v_cache = unpack_cache(kv_cache)
+    check_decode_args(q, k_cache, v_cache, block_table, indices,
+                      policy.num_kv_splits if num_splits is None else num_splits)
     o_parts, lse_parts = split_partials(q, kv_cache, block_table, indices, scale=scale,
                                         num_splits=num_splits, policy=policy)
     o, lse = merge_states(o_parts, lse_parts, policy=policy)
