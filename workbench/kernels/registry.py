@@ -320,7 +320,7 @@ def _honours(family: str, name: str, op: str | None, knob: str, value) -> bool:
 
 
 _DISPATCH: dict[tuple, tuple] = {}  # (family, backend, op, fallback) -> (REGISTRY.version, ran, fn, takes_policy)
-_CHECKED: dict[tuple, int] = {}  # (family, ran, op, policy) honoured -> REGISTRY.version it was checked at
+_CHECKED: dict[tuple, tuple] = {}  # (family, ran, op, id(policy)) honoured -> (policy, REGISTRY.version)
 
 
 def _dispatch(family: str, backend: str, op: str, fallback: str | None, p) -> tuple[str, object, bool]:
@@ -343,18 +343,26 @@ def _dispatch(family: str, backend: str, op: str, fallback: str | None, p) -> tu
 
 
 def _checked(family: str, ran: str, p, op: str) -> None:
-    """:func:`check_policy`, remembered for a policy already found honoured."""
-    try:
-        key = (family, ran, op, p)
-        if _CHECKED.get(key) == REGISTRY.version:
-            return
-    except TypeError:  # an unhashable policy (extra knobs holding lists): check every time
-        check_policy(family, ran, p, op)
+    """:func:`check_policy`, remembered for a policy object already found honoured (keyed by the
+    object's identity, which the cache keeps alive, so that no other policy can take its id;
+    hashing a policy's every knob on each call would cost more than the check saves)."""
+    key = (family, ran, op, id(p))
+    hit = _CHECKED.get(key)
+    if hit is not None and hit[0] is p and hit[1] == REGISTRY.version:
         return
     check_policy(family, ran, p, op)
     if len(_CHECKED) > 4096:
         _CHECKED.clear()
-    _CHECKED[key] = REGISTRY.version
+    _CHECKED[key] = (p, REGISTRY.version)
+
+
+_POLICY: tuple | None = None  # (Policy, resolve_policy), imported on the first call
+
+
+def _import_policy() -> None:
+    global _POLICY
+    from workbench.numerics.policy import Policy, resolve_policy
+    _POLICY = (Policy, resolve_policy)
 
 
 def call(family: str, backend: str, op: str, *args, policy=None, fallback: str | None = None,
@@ -369,10 +377,13 @@ def call(family: str, backend: str, op: str, *args, policy=None, fallback: str |
     What is resolved once (the backend, its function, a policy found honoured) is remembered per
     registry version, so a call costs a few microseconds over the backend function itself; the
     call reads no device value, so it can be captured in a CUDA graph when the backend can."""
-    from workbench.numerics.policy import Policy, resolve_policy
-    p = policy if isinstance(policy, Policy) else resolve_policy(policy)
-    if knobs and any(v is not None for v in knobs.values()):
-        p = p.replace(**{k: v for k, v in knobs.items() if v is not None})
+    if _POLICY is None:
+        _import_policy()
+    p = policy if type(policy) is _POLICY[0] else _POLICY[1](policy)
+    if knobs:
+        given = {k: v for k, v in knobs.items() if v is not None}
+        if given:
+            p = p.replace(**given)
     ran, fn, takes = _dispatch(family, backend, op, fallback, p)
     logs = _LOGS.get()
     if takes:
