@@ -6,7 +6,11 @@ points (pyproject.toml) under ``gdn``, ``qsa_merge`` and ``qsa``.
     inputs ``gdn/q, k`` ``[T, H, K]``, ``v`` ``[T, HV, V]``, ``g, beta`` ``[T, HV]`` at the step,
     initial state ``gdn/state`` ``[HV, K, V]`` of the step before (zeros at step 0), ``qk_l2norm``
     on (as the model); outputs ``core`` (``[T, HV, V]``) and ``state``. Keys whose inputs are
-    sliced (tag ``positions``) or whose previous state is missing are skipped.
+    sliced (tag ``positions``) or whose previous state is missing are skipped. A packed prefill
+    (engines pack sequences along T) is replayed as it was run when the step also holds
+    ``cu_seqlens`` ``[N + 1]``: ``state`` is then ``[N, HV, K, V]``, the initial states
+    ``gdn/initial_state`` ``[N, HV, K, V]`` at the step when captured, else the step before's
+    ``state`` when it holds N sequences (zeros at step 0).
 
 Each reads the op the bundled decoder writes (``gdn``, ``qsa``); ``replay(..., capture_op=)`` points
 it at the same tensor names under another op (an engine's module name, say).
@@ -33,22 +37,40 @@ def _gdn_load(cap: Capture, rank: int, step: int, layer: int, op: str = "gdn"):
     sel = cap.select(op=op, rank=rank, layer=layer)
     idx = sel.index
     cur = idx[idx["step"] == step]
-    if not set(("q", "k", "v", "g", "beta")) <= set(cur["name"]):
+    names = set(cur["name"])
+    if not set(("q", "k", "v", "g", "beta")) <= names:
         return None
     if any("positions" in (t or {}) for t in cur["tags"]):
         return None  # a sliced prefill: its initial state is not captured
     x = {n: sel.get(step=step, name=n)[None].float() for n in ("q", "k", "v", "g", "beta")}
+    x["cu_seqlens"] = None
+    if "cu_seqlens" in names:  # a packed prefill (engines pack sequences along T): as it was run
+        x["cu_seqlens"] = [int(t) for t in sel.get(step=step, name="cu_seqlens").reshape(-1).tolist()]
+    n_seq = len(x["cu_seqlens"]) - 1 if x["cu_seqlens"] is not None else 1
+    if "initial_state" in names:  # the state each sequence started from, when the engine dumps it
+        s0 = sel.get(step=step, name="initial_state").float()
+        x["initial_state"] = s0 if x["cu_seqlens"] is not None else s0.reshape(1, *s0.shape[-3:])
+        return x
     prev = idx[(idx["step"] == step - 1) & (idx["name"] == "state")]
     if step > 0 and not len(prev):
         return None
-    x["initial_state"] = sel.get(step=step - 1, name="state")[None].float() if step > 0 else None
+    if step > 0:
+        s0 = sel.get(step=step - 1, name="state").float()
+        if x["cu_seqlens"] is not None:
+            if s0.dim() != 4 or s0.shape[0] != n_seq:
+                return None  # the previous step held other sequences: this step's start is unknown
+            x["initial_state"] = s0
+        else:
+            x["initial_state"] = s0[None]
+    else:
+        x["initial_state"] = None
     return x
 
 
 def _gdn_run(x, backend, policy):
     o, s = gdn.recurrent(x["q"], x["k"], x["v"], x["g"], x["beta"], initial_state=x["initial_state"],
-                         qk_l2norm=True, backend=backend, policy=policy)
-    return {"core": o[0], "state": s[0]}
+                         qk_l2norm=True, backend=backend, policy=policy, cu_seqlens=x.get("cu_seqlens"))
+    return {"core": o[0], "state": s if x.get("cu_seqlens") is not None else s[0]}
 
 
 def _merge_load(cap: Capture, rank: int, step: int, layer: int, op: str = "qsa"):
