@@ -109,6 +109,13 @@ def test_replay_on_the_cluster(client):
     dist = replay(CAPTURES / "control", client=client, **kw)
     xr.testing.assert_identical(local.drop_attrs(), dist.drop_attrs())
     assert local.attrs["skipped"] == dist.attrs["skipped"]
+    # device="auto" is resolved on each worker (its GPU, else its CPU): the same dataset here;
+    # each worker's kernel timings come back merged, one record per op and backend
+    on_dev = replay(CAPTURES / "control", client=client, device="auto", **kw)
+    xr.testing.assert_identical(local.drop_attrs(), on_dev.drop_attrs())
+    import json
+    t = {(r["backend"], r["op"]): r for r in json.loads(on_dev.attrs["timings"])}
+    assert t[("torch", "recurrent")]["calls"] == 6 and on_dev.attrs["device"] == "auto"
 
 
 def test_unreachable_scheduler_is_a_clear_error():
