@@ -28,6 +28,9 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from gdn import _graphed as capture_graph  # noqa: E402  (the CUDA-graph capture of benchmarks/gdn.py)
 
 from workbench.kernels import gdn, qsa  # noqa: E402
 from workbench.kernels.qsa.problems import decode_problem  # noqa: E402
@@ -49,21 +52,8 @@ def _per_call(fn, iters, dev) -> float:
 
 
 def _graphed(fn, iters) -> float:
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    g.replay()
-    torch.cuda.synchronize()
-    t = time.perf_counter()
-    for _ in range(iters):
-        g.replay()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t) / iters
+    """Time per replay of ``fn`` captured in a CUDA graph (benchmarks/gdn.py's capture)."""
+    return _per_call(capture_graph(fn), iters, torch.device("cuda"))
 
 
 def cases(dev):

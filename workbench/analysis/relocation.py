@@ -17,7 +17,7 @@ import xarray as xr
 from workbench.capture.reader import Capture, open_capture
 from workbench.errors import AnalysisError
 from workbench.kernels import qsa
-from workbench.kernels.registry import resolve_device
+from workbench.kernels.registry import placed, resolve_device
 from workbench.numerics.policy import resolve_policy
 
 __all__ = ["relocation_invariance", "relocation_invariance_captures", "find_attention_inputs", "captured_decode_inputs",
@@ -76,15 +76,14 @@ def relocation_invariance(layers: Mapping[int, tuple] | tuple, *, seeds: Sequenc
     bit = np.zeros((len(L), len(P), len(S)), dtype=bool)
     mx = np.zeros(bit.shape)
     nd = np.zeros(bit.shape, dtype=np.int64)
+    dev = resolve_device(device) if device is not None else None
     for i, layer in enumerate(L):
         try:
             q, k, v, idx = layers[layer]
         except (TypeError, ValueError):
             raise AnalysisError(f"layers[{layer}] must be (q, k, v, indices)", key="layers",
                                 fix="pass q [B, HQ, D], k/v [B, T, HKV, D], indices [B, L]") from None
-        if device is not None:
-            dev = resolve_device(device)
-            q, k, v, idx = q.to(dev), k.to(dev), v.to(dev), idx.to(dev)
+        _, (q, k, v, idx) = placed(dev, q, k, v, idx)  # dev None: where q is
         T = k.shape[1]
         need = k.shape[0] * -(-T // page_size)
         cache = qsa.PagedKVCache.from_dense(k, v, page_size=page_size, num_pages=need + spare_pages)

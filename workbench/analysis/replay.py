@@ -205,7 +205,7 @@ def replay(capture, *, op: str, backends: Sequence[str] = ("torch",), policies: 
             k = tuple(sorted((a, str(b)) for a, b in rec.items() if a != "calls"))
             calls[k] = calls.get(k, 0) + int(rec.get("calls", 1))
     log_summary = [{**dict(k), "calls": c} for k, c in calls.items()]
-    timings = _merge_timings([t for p in parts for t in (p[5] if len(p) > 5 else [])])
+    timings = _merge_timings([t for p in parts for t in p[5]])
     labels = [v[0] for v in variants]
     ds = xr.Dataset({"err_oracle": (("case", "variant"), eo), "err_captured": (("case", "variant"), ec),
                      "captured_err_oracle": ("case", cap_eo)},

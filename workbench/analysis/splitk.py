@@ -18,7 +18,7 @@ import xarray as xr
 from workbench.capture.reader import Capture, open_capture
 from workbench.errors import BackendUnavailableError, KernelArgumentError
 from workbench.kernels.gemm import splitk_matmul
-from workbench.kernels.registry import resolve_device, runnable
+from workbench.kernels.registry import placed, runnable
 from workbench.kernels.gemm.oracle import splitk_matmul as exact_matmul
 from workbench.kernels.sampling import greedy
 from workbench.numerics.dtypes import canonical, round_to
@@ -88,13 +88,12 @@ def splitk_sweep(x: torch.Tensor, w: torch.Tensor, *, splits: Sequence[int] = ra
     ulp = canonical(ulp_dtype or out_dtype)
     exact = exact_matmul(x, w, splits=1, partial_dtype=None)
     tok64 = _tokens(exact, logits_dtype)
-    dev = resolve_device(device) if device is not None else x.device
+    dev, (xd, wd) = placed(device, x, w)
     _, why = runnable("gemm", [backend], dev)
     if why:
         raise BackendUnavailableError(f"gemm backend {backend!r} {why[backend]}", key="backend",
                                       fix="pick a backend of workbench.kernels.backends('gemm') that runs on "
                                           f"{dev.type}, or another device")
-    xd, wd = x.to(dev), w.to(dev)
     y_ctl = splitk_matmul(xd, wd, out_dtype=out_dtype, backend=backend, **ctl).cpu()
     tok_ctl = _tokens(y_ctl, logits_dtype)
     M = x.shape[0]

@@ -14,7 +14,7 @@ import xarray as xr
 from workbench.capture.reader import Capture, open_capture
 from workbench.errors import AnalysisError
 from workbench.kernels import gdn
-from workbench.kernels.registry import resolve_device
+from workbench.kernels.registry import placed
 from workbench.numerics.policy import Policy, resolve_policy
 
 __all__ = ["state_drift", "state_evolution", "chunked_continuation", "prefill_decode_handoff", "growth", "trend",
@@ -124,13 +124,6 @@ def state_drift(candidate, control, *, op: str = "gdn", name: str = "state", ran
     return ds
 
 
-def _placed(device, q, *xs):
-    """The device the backend runs on (None: q's) and ``xs`` moved there (None stays None): the
-    FP64 oracle keeps the inputs as given, the backend gets them on its device."""
-    dev = resolve_device(device) if device is not None else q.device
-    return dev, [None if x is None else x.to(dev) for x in xs]
-
-
 def state_evolution(q, k, v, g, beta, *, policy=None, control_policy=None, backend: str = "torch",
                     initial_state=None, qk_l2norm: bool = True, scale=None, device=None) -> xr.Dataset:
     """Decode ``T`` steps one token at a time and follow the state against the FP64 oracle.
@@ -165,7 +158,7 @@ def state_evolution(q, k, v, g, beta, *, policy=None, control_policy=None, backe
     cpol = resolve_policy(control_policy) if control_policy is not None else Policy()
     T = q.shape[1]
     HV = v.shape[2]
-    dev, (qd, kd, vd, gd, bd, s_t) = _placed(device, q, q, k, v, g, beta, initial_state)
+    dev, (qd, kd, vd, gd, bd, s_t) = placed(device, q, k, v, g, beta, initial_state)
     s_c = s_t
     s_o = None if initial_state is None else initial_state.double()
     eo, ec, ouo, co = (np.zeros((T, HV)) for _ in range(4))
@@ -217,7 +210,7 @@ def chunked_continuation(q, k, v, g, beta, *, split: int = 64, chunk_size: int =
                             fix="pass split=64 for 64 + 64 of 128 tokens")
     kw = dict(qk_l2norm=qk_l2norm, scale=scale)
     o_ref, s_ref = gdn.recurrent(q, k, v, g, beta, backend="oracle", **kw)
-    dev, xd = _placed(device, q, q, k, v, g, beta)
+    dev, xd = placed(device, q, k, v, g, beta)
     o1, s1 = gdn.chunked(*xd, chunk_size=chunk_size, backend=backend, policy=policy, **kw)
     a = [x[:, :split] for x in xd]
     b = [x[:, split:] for x in xd]
@@ -265,7 +258,7 @@ def prefill_decode_handoff(q, k, v, g, beta, *, prefill_len: int, backend: str =
                             fix="leave at least one token to decode")
     kw = dict(qk_l2norm=qk_l2norm, scale=scale)
     o_ref, s_ref = gdn.recurrent(q, k, v, g, beta, backend="oracle", **kw)
-    dev, xd = _placed(device, q, q, k, v, g, beta)
+    dev, xd = placed(device, q, k, v, g, beta)
     pre = [x[:, :prefill_len] for x in xd]
     o_p, s = gdn.chunked(*pre, chunk_size=chunk_size, backend=backend, policy=policy, **kw)
     outs = [o_p]

@@ -42,7 +42,7 @@ from workbench.plugins import Registry
 
 __all__ = ["register_backend", "register_knobs", "get_backend", "get_op", "implemented_ops", "backends",
            "fallbacks", "call", "backend_op", "check_policy", "honoured_knobs", "devices", "note_path", "kernel_log", "KernelLog",
-           "resolve_device", "to_device", "runnable",
+           "resolve_device", "to_device", "placed", "runnable",
            "BackendInfo", "BackendFallbackWarning", "REGISTRY"]
 
 
@@ -596,6 +596,15 @@ def to_device(obj, device):
     if isinstance(obj, (tuple, list)):
         return type(obj)(to_device(v, device) for v in obj)
     return obj
+
+
+def placed(device, *tensors):
+    """``(device, tensors moved there)``: ``device`` resolved by :func:`resolve_device`, None
+    meaning the first tensor's own device; a None among ``tensors`` stays None. The analyses
+    that run a backend on a device keep their oracle on the inputs as given and hand the backend
+    these."""
+    dev = resolve_device(device) if device is not None else tensors[0].device
+    return dev, [None if t is None else t.to(dev) for t in tensors]
 
 
 def runnable(family: str, names, device) -> tuple[list[str], dict[str, str]]:

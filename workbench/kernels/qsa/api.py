@@ -175,12 +175,10 @@ def sparse_decode(q, kv_cache, block_table, indices, *, scale=None, num_splits=N
     """
     if num_splits is not None:  # before the policy takes it as a knob (a host int: free)
         _posint("num_splits", num_splits)
+    k_cache, v_cache = unpack_cache(kv_cache)
     if check:  # the debug mode; the backend checks the rest itself (its own entry point)
-        k_cache, v_cache = unpack_cache(kv_cache)
         check_decode_args(q, k_cache, v_cache, block_table, indices,
                           resolve_policy(policy).num_kv_splits if num_splits is None else num_splits, check=True)
-    else:
-        k_cache, v_cache = unpack_cache(kv_cache)
     return call("qsa", backend, "sparse_decode", q, (k_cache, v_cache), block_table, indices, scale=scale,
                 num_splits=num_splits, policy=policy, knobs={"num_kv_splits": num_splits})
 
