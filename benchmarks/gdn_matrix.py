@@ -4,7 +4,9 @@ the minimum ratio across shapes, not the best shape.
 Prefill: ``gdn.chunked(backend="ext")`` (the public call) against fla's ``chunk_gated_delta_rule``
 over B, T, H, HV, K/V, a packed varlen batch (``cu_seqlens``: ext runs each sequence alone, fla
 its own packed kernel) and the q/k L2 norm in the kernel or done up front. Decode (T = 1): ext
-and numba ``gdn.recurrent`` against fla's ``fused_recurrent_gated_delta_rule`` at B = 1..256.
+and numba ``gdn.recurrent`` (the public call: bf16 q, k, v, float32 g, beta and state, bf16 o)
+against fla's ``fused_recurrent_gated_delta_rule`` at B = 1..256, with and without the L2 norm in
+the kernel.
 Every call is captured in a CUDA graph and the replay timed (median of triton's do_bench), so
 Python launch cost is out of both sides. ratio = fla time / ours (above 1: ours is faster).
 Correctness is checked on each shape first (rel L2 of o against fla's and against the FP64 oracle
@@ -100,27 +102,31 @@ def prefill(rows, errors):
 def decode(rows, errors):
     _, fused = _fla()
     for B in DECODE_B:
-        x = _inputs(B, 1, 16, 32, 128, 128, False, seed=B)
+        for norm in (False, True):
+            x = _inputs(B, 1, 16, 32, 128, 128, norm, seed=B)
+            name = f"B{B} T1 H16 HV32 K128 V128" + (" norm-in-kernel" if norm else "")
 
-        def peer():
-            return fused(q=x["q"], k=x["k"], v=x["v"], g=x["g"].float(), beta=x["beta"].to(x["q"].dtype),
-                         initial_state=x["initial_state"].float(), output_final_state=True)
-        t_peer = _bench(_graphed(peer))
-        o2, _ = peer()
-        for be in ("ext", "numba"):
-            try:
-                def ours(be=be):
-                    return gdn.recurrent(x["q"], x["k"], x["v"], x["g"], x["beta"], initial_state=x["initial_state"],
-                                         backend=be)
-                o1, _ = ours()
-                t_ours = _bench(_graphed(ours))
-                rows.append({"kind": "decode", "shape": f"B{B} T1 H16 HV32 K128 V128", "B": B, "ours": f"{be} gdn.recurrent",
-                             "ms_ours": t_ours, "ms_fla": t_peer, "ratio": t_peer / t_ours,
-                             "rel_l2_o_vs_fla": _rel(o1, o2)})
-                print(json.dumps(rows[-1]))
-            except Exception:
-                errors.append({"shape": f"decode B{B} {be}", "error": traceback.format_exc()[-1500:]})
-                print(be, B, "failed", errors[-1]["error"][-400:])
+            def peer():
+                return fused(q=x["q"], k=x["k"], v=x["v"], g=x["g"].float(), beta=x["beta"].to(x["q"].dtype),
+                             initial_state=x["initial_state"].float(), output_final_state=True,
+                             use_qk_l2norm_in_kernel=norm)
+            t_peer = _bench(_graphed(peer))
+            o2, s2 = peer()
+            for be in ("ext", "numba"):
+                try:
+                    def ours(be=be):
+                        return gdn.recurrent(x["q"], x["k"], x["v"], x["g"], x["beta"],
+                                             initial_state=x["initial_state"], qk_l2norm=norm, backend=be)
+                    o1, s1 = ours()
+                    t_ours = _bench(_graphed(ours))
+                    rows.append({"kind": "decode", "shape": name, "B": B, "norm_in_kernel": norm,
+                                 "ours": f"{be} gdn.recurrent", "ms_ours": t_ours, "ms_fla": t_peer,
+                                 "ratio": t_peer / t_ours, "rel_l2_o_vs_fla": _rel(o1, o2),
+                                 "rel_l2_state_vs_fla": _rel(s1, s2)})
+                    print(json.dumps(rows[-1]))
+                except Exception:
+                    errors.append({"shape": f"decode {name} {be}", "error": traceback.format_exc()[-1500:]})
+                    print(be, name, "failed", errors[-1]["error"][-400:])
 
 
 def main():

@@ -76,3 +76,22 @@ WB_HD float wb_round_to(float x, int dt) {
   if (dt == WB_FP16) return wb_round(x, 10, -14, 65504.0f);
   return x;
 }
+
+// fp16 bits of an fp32 value already representable in fp16 (wb_round_to(x, WB_FP16)), inf, NaN.
+WB_HD uint16_t wb_fp16_bits(float r) {
+  const uint32_t u = wb_f32_to_bits(r), a = u & 0x7fffffffu;
+  const uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
+  if (a > 0x7f800000u) return sign | 0x7e00u;
+  if (a == 0x7f800000u) return sign | 0x7c00u;
+  if (a == 0) return sign;
+  const int e = (int)(a >> 23) - 127;
+  if (e < -14) return sign | (uint16_t)(fabsf(r) * 16777216.0f);  // subnormal: r = m 2^-24, exact
+  return sign | (uint16_t)(((e + 15) << 10) | ((a >> 13) & 0x3ffu));
+}
+
+// store fp32 x as value i of a buffer in dtype dt, rounded once to nearest even
+WB_HD void wb_store(void* p, int64_t i, float x, int dt) {
+  if (dt == WB_FP32) { ((float*)p)[i] = x; return; }
+  const float r = wb_round_to(x, dt);
+  ((uint16_t*)p)[i] = dt == WB_BF16 ? (uint16_t)(wb_f32_to_bits(r) >> 16) : wb_fp16_bits(r);
+}

@@ -25,7 +25,13 @@ struct GdnArgs {
   int chunk;          // chunked: tokens per chunk
   int acc64;          // 1: dot products accumulate in double
   int in_dtype;       // WbDtype of q, k, v (the mma path)
-  int o_dtype;        // WbDtype of o (the mma path)
+  int o_dtype;        // WbDtype of o (the mma path and the CUDA recurrence)
+  // the CUDA recurrence (gdn_recurrent_cuda) also reads:
+  const float* h0;    // the initial state [B,HV,K,V] float32 (state is then written only), or null
+  int g_dtype;        // WbDtype of g and of beta (q, k, v: in_dtype)
+  int beta_dtype;
+  int qk_l2norm;      // 1: the models' L2 norm of q and k rows is applied in the kernel
+  int zero_state;     // 1: the initial state is zeros (h0 and state are not read)
 };
 
 #define GDN_ARGS_LAYOUT                                                                                  \
@@ -35,4 +41,6 @@ struct GdnArgs {
             WB_OFF(GdnArgs, nk), WB_OFF(GdnArgs, stream), WB_OFF(GdnArgs, B), WB_OFF(GdnArgs, T),         \
             WB_OFF(GdnArgs, H), WB_OFF(GdnArgs, HV), WB_OFF(GdnArgs, K), WB_OFF(GdnArgs, V),              \
             WB_OFF(GdnArgs, scale), WB_OFF(GdnArgs, chunk), WB_OFF(GdnArgs, acc64),                       \
-            WB_OFF(GdnArgs, in_dtype), WB_OFF(GdnArgs, o_dtype))
+            WB_OFF(GdnArgs, in_dtype), WB_OFF(GdnArgs, o_dtype), WB_OFF(GdnArgs, h0),         \
+            WB_OFF(GdnArgs, g_dtype), WB_OFF(GdnArgs, beta_dtype), WB_OFF(GdnArgs, qk_l2norm),             \
+            WB_OFF(GdnArgs, zero_state))

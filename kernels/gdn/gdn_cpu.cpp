@@ -3,38 +3,69 @@
 #include <algorithm>
 #include <vector>
 
+#include "common/wb_elem.h"
 #include "gdn/gdn_abi.h"
 #include "gdn/gdn_common.h"
 #include "gdn/gdn_mma.h"
 
 namespace {
 
+// The L2-norm factor 1 / sqrt(sum x^2 + 1e-6) of a row of K values in dtype dt, summed in the
+// order of the CUDA kernels (a warp: 32 lane-strided sums, then an xor butterfly; no fused
+// multiply-adds, as both builds compile).
+float l2_factor(const void* x, long at, int K, int dt) {
+  float p[32], n[32];
+  for (int l = 0; l < 32; ++l) {
+    p[l] = 0.f;
+    for (int i = l; i < K; i += 32) {
+      const float e = wb_load(x, at + i, dt);
+      p[l] += e * e;
+    }
+  }
+  for (int off = 16; off > 0; off >>= 1) {
+    for (int l = 0; l < 32; ++l) n[l] = p[l] + p[l ^ off];
+    std::copy(n, n + 32, p);
+  }
+  return 1.f / sqrtf(p[0] + 1e-6f);
+}
+
+// The recurrence, step by step; the contract of gdn_recurrent_cuda (dtypes, h0 / zero_state,
+// qk_l2norm, o_dtype), with sums in another order.
 template <typename Acc>
-void recurrent(const float* q, const float* k, const float* v, const float* g, const float* beta,
-               float* o, float* state, int B, int T, int H, int HV, int K, int V, float scale) {
+void recurrent(const GdnArgs& a) {
+  const int B = a.B, T = a.T, H = a.H, HV = a.HV, K = a.K, V = a.V;
   std::vector<Acc> kv(V), ov(V), u(V);
+  std::vector<float> kt(K), qt(K);
   for (int b = 0; b < B; ++b)
     for (int hv = 0; hv < HV; ++hv) {
       const int h = hv / (HV / H);
-      float* S = state + gdn::state_index(b, hv, HV, K, V);
+      const long at = gdn::state_index(b, hv, HV, K, V);
+      float* S = a.state + at;
+      if (a.zero_state) std::fill(S, S + (long)K * V, 0.f);
+      else if (a.h0) std::copy(a.h0 + at, a.h0 + at + (long)K * V, S);
       for (int t = 0; t < T; ++t) {
-        const float* kt = k + gdn::qk_index(b, t, h, T, H, K);
-        const float* qt = q + gdn::qk_index(b, t, h, T, H, K);
-        const float* vt = v + gdn::v_index(b, t, hv, T, HV, V);
-        const Acc decay = gdn::expo<Acc>((Acc)g[gdn::gate_index(b, t, hv, T, HV)]);
-        const Acc bt = (Acc)beta[gdn::gate_index(b, t, hv, T, HV)];
+        const long qk = gdn::qk_index(b, t, h, T, H, K), vi = gdn::v_index(b, t, hv, T, HV, V);
+        const float fq = a.qk_l2norm ? l2_factor(a.q, qk, K, a.in_dtype) : 1.f;
+        const float fk = a.qk_l2norm ? l2_factor(a.k, qk, K, a.in_dtype) : 1.f;
+        for (int i = 0; i < K; ++i) {
+          kt[i] = wb_load(a.k, qk + i, a.in_dtype) * fk;
+          qt[i] = wb_load(a.q, qk + i, a.in_dtype) * fq;
+        }
+        const long gi = gdn::gate_index(b, t, hv, T, HV);
+        const Acc decay = gdn::expo<Acc>((Acc)wb_load(a.g, gi, a.g_dtype));
+        const Acc bt = (Acc)wb_load(a.beta, gi, a.beta_dtype);
         for (int c = 0; c < V; ++c) kv[c] = 0, ov[c] = 0;
         for (int kk = 0; kk < K; ++kk)
           for (int c = 0; c < V; ++c) kv[c] += (Acc)S[kk * V + c] * (Acc)kt[kk];
-        for (int c = 0; c < V; ++c) u[c] = gdn::delta_u<Acc>(bt, (Acc)vt[c], decay, kv[c]);
+        for (int c = 0; c < V; ++c)
+          u[c] = gdn::delta_u<Acc>(bt, (Acc)wb_load(a.v, vi + c, a.in_dtype), decay, kv[c]);
         for (int kk = 0; kk < K; ++kk)
           for (int c = 0; c < V; ++c) {
             const float s = gdn::state_update<Acc>(S[kk * V + c], decay, kt[kk], u[c]);
             S[kk * V + c] = s;
             ov[c] += (Acc)s * (Acc)qt[kk];
           }
-        float* ot = o + gdn::v_index(b, t, hv, T, HV, V);
-        for (int c = 0; c < V; ++c) ot[c] = (float)((Acc)scale * ov[c]);
+        for (int c = 0; c < V; ++c) wb_store(a.o, vi + c, (float)((Acc)a.scale * ov[c]), a.o_dtype);
       }
     }
 }
@@ -65,12 +96,13 @@ void chunked(const float* q, const float* k, const float* v, const float* g, con
 
 extern "C" {
 
-// q, k, v, o float32 (GdnArgs); returns WB_OK.
+// The contract of gdn_recurrent_cuda (see gdn_cuda.cu); returns WB_OK, or WB_ERR_ARGUMENT for
+// a dtype code out of range.
 int gdn_recurrent_cpu(const GdnArgs* a) {
-  const float *q = (const float*)a->q, *k = (const float*)a->k, *v = (const float*)a->v;
-  float* o = (float*)a->o;
-  if (a->acc64) recurrent<double>(q, k, v, a->g, a->beta, o, a->state, a->B, a->T, a->H, a->HV, a->K, a->V, a->scale);
-  else recurrent<float>(q, k, v, a->g, a->beta, o, a->state, a->B, a->T, a->H, a->HV, a->K, a->V, a->scale);
+  for (int dt : {a->in_dtype, a->g_dtype, a->beta_dtype, a->o_dtype})
+    if (dt < WB_FP32 || dt > WB_FP16) return WB_ERR_ARGUMENT;
+  if (a->acc64) recurrent<double>(*a);
+  else recurrent<float>(*a);
   return WB_OK;
 }
 

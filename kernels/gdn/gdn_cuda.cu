@@ -6,6 +6,8 @@
 // one quarter of the K rows; partial dot products meet in shared memory.
 #include <cuda_runtime.h>
 
+#include "common/wb_elem.h"
+
 #include "gdn/gdn_abi.h"
 #include "gdn/gdn_common.h"
 
@@ -18,35 +20,60 @@ struct BlockSync {
   __device__ __forceinline__ void operator()() const { __syncthreads(); }
 };
 
+// The recurrence. q, k, v are read in the dtype `in_dt`, g in `g_dt`, beta in `beta_dt` (each
+// float32, bf16 or fp16, widened exactly); o is written in `o_dt`. The initial state is read
+// from h0 (or zeros when `zero`, or from `state` itself when h0 is null) and the final state
+// written to `state`, so a decode step needs no staging copies. `l2`: the models' L2 norm of q
+// and k rows, applied here (warps 0 and 1 form the factors as gdn_mma.cu's norm kernel does).
 template <int K, typename Acc>
 __global__ void __launch_bounds__(kLanes * kSlices)
-recurrent_kernel(const float* __restrict__ q, const float* __restrict__ k,
-                 const float* __restrict__ v, const float* __restrict__ g,
-                 const float* __restrict__ beta, float* __restrict__ o, float* __restrict__ state,
-                 int T, int H, int HV, int V, float scale) {
+recurrent_kernel(const void* __restrict__ q, const void* __restrict__ k,
+                 const void* __restrict__ v, const void* __restrict__ g,
+                 const void* __restrict__ beta, void* __restrict__ o,
+                 const float* __restrict__ h0, float* __restrict__ state, int T, int H, int HV,
+                 int V, float scale, int in_dt, int g_dt, int beta_dt, int o_dt, int l2,
+                 int zero) {
   constexpr int RK = K / kSlices;
-  __shared__ float ks[K], qs[K];
+  __shared__ float ks[K], qs[K], nrm[2];
   __shared__ Acc red[kSlices][kLanes];
   const int b = blockIdx.x / HV, hv = blockIdx.x % HV, h = hv / (HV / H);
   const int lane = threadIdx.x % kLanes, w = threadIdx.x / kLanes;
   const int c = blockIdx.y * kLanes + lane;
   const bool active = c < V;
-  float* st = state + gdn::state_index(b, hv, HV, K, V) + (long)w * RK * V + c;
+  const long at = gdn::state_index(b, hv, HV, K, V) + (long)w * RK * V + c;
+  const float* src = h0 ? h0 + at : state + at;
   float s[RK];
 #pragma unroll
-  for (int i = 0; i < RK; ++i) s[i] = active ? st[(long)i * V] : 0.f;
+  for (int i = 0; i < RK; ++i) s[i] = active && !zero ? src[(long)i * V] : 0.f;
+  float* st = state + at;
   for (int t = 0; t < T; ++t) {
+    const long qk = gdn::qk_index(b, t, h, T, H, K);
     for (int i = threadIdx.x; i < K; i += kLanes * kSlices) {
-      ks[i] = k[gdn::qk_index(b, t, h, T, H, K) + i];
-      qs[i] = q[gdn::qk_index(b, t, h, T, H, K) + i];
+      ks[i] = wb_load(k, qk + i, in_dt);
+      qs[i] = wb_load(q, qk + i, in_dt);
     }
-    const Acc decay = gdn::expo<Acc>((Acc)g[gdn::gate_index(b, t, hv, T, HV)]);
-    const Acc bt = (Acc)beta[gdn::gate_index(b, t, hv, T, HV)];
-    const Acc vi = active ? (Acc)v[gdn::v_index(b, t, hv, T, HV, V) + c] : Acc(0);
+    const long gi = gdn::gate_index(b, t, hv, T, HV);
+    const Acc decay = gdn::expo<Acc>((Acc)wb_load(g, gi, g_dt));
+    const Acc bt = (Acc)wb_load(beta, gi, beta_dt);
+    const Acc vi = active ? (Acc)wb_load(v, gdn::v_index(b, t, hv, T, HV, V) + c, in_dt) : Acc(0);
     __syncthreads();
+    float fq = 1.f, fk = 1.f;
+    if (l2) {
+      if (w < 2) {
+        const float* x = w == 0 ? qs : ks;
+        float sq = 0.f;
+        for (int i = lane; i < K; i += kLanes) sq += x[i] * x[i];
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) sq += __shfl_xor_sync(0xffffffffu, sq, off);
+        if (lane == 0) nrm[w] = 1.f / sqrtf(sq + 1e-6f);
+      }
+      __syncthreads();
+      fq = nrm[0];
+      fk = nrm[1];
+    }
     Acc p = 0;
 #pragma unroll
-    for (int i = 0; i < RK; ++i) p += (Acc)s[i] * (Acc)ks[w * RK + i];
+    for (int i = 0; i < RK; ++i) p += (Acc)s[i] * (Acc)(ks[w * RK + i] * fk);
     red[w][lane] = p;
     __syncthreads();
     Acc kv = 0;
@@ -56,8 +83,8 @@ recurrent_kernel(const float* __restrict__ q, const float* __restrict__ k,
     Acc po = 0;
 #pragma unroll
     for (int i = 0; i < RK; ++i) {
-      s[i] = gdn::state_update<Acc>(s[i], decay, ks[w * RK + i], u);
-      po += (Acc)s[i] * (Acc)qs[w * RK + i];
+      s[i] = gdn::state_update<Acc>(s[i], decay, ks[w * RK + i] * fk, u);
+      po += (Acc)s[i] * (Acc)(qs[w * RK + i] * fq);
     }
     __syncthreads();
     red[w][lane] = po;
@@ -66,7 +93,7 @@ recurrent_kernel(const float* __restrict__ q, const float* __restrict__ k,
       Acc acc = 0;
 #pragma unroll
       for (int j = 0; j < kSlices; ++j) acc += red[j][lane];
-      o[gdn::v_index(b, t, hv, T, HV, V) + c] = (float)((Acc)scale * acc);
+      wb_store(o, gdn::v_index(b, t, hv, T, HV, V) + c, (float)((Acc)scale * acc), o_dt);
     }
   }
   if (active) {
@@ -111,16 +138,15 @@ cudaError_t allow_smem(F* kernel, size_t bytes) {
 }
 
 template <typename Acc>
-int launch_recurrent(const float* q, const float* k, const float* v, const float* g,
-                     const float* beta, float* o, float* state, int B, int T, int H, int HV, int K,
-                     int V, float scale, cudaStream_t stream) {
-  const dim3 grid(B * HV, (V + kLanes - 1) / kLanes), block(kLanes * kSlices);
-#define GDN_CASE(KK)                                                                    \
-  case KK:                                                                              \
-    recurrent_kernel<KK, Acc><<<grid, block, 0, stream>>>(q, k, v, g, beta, o, state, T, H, HV, V, \
-                                                          scale);                       \
+int launch_recurrent(const GdnArgs* a, cudaStream_t stream) {
+  const dim3 grid(a->B * a->HV, (a->V + kLanes - 1) / kLanes), block(kLanes * kSlices);
+#define GDN_CASE(KK)                                                                           \
+  case KK:                                                                                     \
+    recurrent_kernel<KK, Acc><<<grid, block, 0, stream>>>(                                     \
+        a->q, a->k, a->v, a->g, a->beta, a->o, a->h0, a->state, a->T, a->H, a->HV, a->V,       \
+        a->scale, a->in_dtype, a->g_dtype, a->beta_dtype, a->o_dtype, a->qk_l2norm, a->zero_state); \
     break;
-  switch (K) {
+  switch (a->K) {
     GDN_CASE(16) GDN_CASE(32) GDN_CASE(64) GDN_CASE(128) GDN_CASE(256)
     default: return WB_ERR_SHAPE;
   }
@@ -155,16 +181,15 @@ int launch_chunked(const float* q, const float* k, const float* v, const float* 
 
 extern "C" {
 
-// q, k, v, o float32 (GdnArgs). Returns WB_OK, a cudaError_t code, or WB_ERR_SHAPE: K not in
-// {16, 32, 64, 128, 256}.
+// q, k, v in in_dtype, g in g_dtype, beta in beta_dtype, o in o_dtype (GdnArgs; each 0 float32,
+// 1 bf16, 2 fp16); initial state from h0, zeros (zero_state) or state itself (h0 null); the final
+// state in state; qk_l2norm applied in the kernel. Returns WB_OK, a cudaError_t code,
+// WB_ERR_SHAPE (K not in {16, 32, 64, 128, 256}) or WB_ERR_ARGUMENT (a dtype code out of range).
 int gdn_recurrent_cuda(const GdnArgs* a) {
+  for (int dt : {a->in_dtype, a->g_dtype, a->beta_dtype, a->o_dtype})
+    if (dt < WB_FP32 || dt > WB_FP16) return WB_ERR_ARGUMENT;
   auto s = static_cast<cudaStream_t>(a->stream);
-  const float *q = (const float*)a->q, *k = (const float*)a->k, *v = (const float*)a->v;
-  float* o = (float*)a->o;
-  return a->acc64 ? launch_recurrent<double>(q, k, v, a->g, a->beta, o, a->state, a->B, a->T, a->H, a->HV, a->K,
-                                             a->V, a->scale, s)
-                  : launch_recurrent<float>(q, k, v, a->g, a->beta, o, a->state, a->B, a->T, a->H, a->HV, a->K,
-                                            a->V, a->scale, s);
+  return a->acc64 ? launch_recurrent<double>(a, s) : launch_recurrent<float>(a, s);
 }
 
 // gcum, W, U: float32 device workspace provided by the caller (GdnArgs). Returns WB_OK or a

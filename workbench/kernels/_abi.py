@@ -41,7 +41,8 @@ class GdnArgs(_Args):
     _fields_ = [*((n, _P) for n in ("q", "k", "v", "g", "beta", "o", "state", "gcum", "W", "U", "O1", "nq", "nk",
                                     "stream")),
                 *((n, _I) for n in ("B", "T", "H", "HV", "K", "V")), ("scale", _F),
-                *((n, _I) for n in ("chunk", "acc64", "in_dtype", "o_dtype"))]
+                *((n, _I) for n in ("chunk", "acc64", "in_dtype", "o_dtype")), ("h0", _P),
+                *((n, _I) for n in ("g_dtype", "beta_dtype", "qk_l2norm", "zero_state"))]
 
 
 class SplitkArgs(_Args):

@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from numba import cuda, float32, int32
+from numba import cuda, float32, int16, int32
 from numba.cuda import libdevice
 
 from workbench.numerics.dtypes import NATIVE_CODES
 
-__all__ = ["NATIVE_CODES", "is_available", "_simulated", "_stream", "_ld", "_round", "_exp2", "_log2"]
+__all__ = ["NATIVE_CODES", "is_available", "_simulated", "_stream", "_ld", "_st", "_bf16_bits", "_round", "_exp2",
+           "_log2"]
 
 
 def is_available() -> tuple[bool, str]:
@@ -54,6 +55,31 @@ def _ld(a, i, dt):
     if dt == 1:
         return _i2f(int32(a[i]) << 16)
     return float32(a[i])
+
+
+@cuda.jit(device=True, inline=True)
+def _bf16_bits(x):
+    """The bf16 bit pattern (as a signed 16-bit value) of fp32 x rounded to nearest even; NaN
+    stays NaN, overflow goes to inf (wb_elem.h's wb_store)."""
+    u = _f2i(x)
+    a = u & 0x7fffffff
+    if a > 0x7f800000:
+        r = 0x7fc0
+    else:
+        r = (a + 0x7fff + ((a >> 16) & 1)) >> 16
+    if u < 0:
+        r = r | 0x8000
+    return int16(r - 0x10000 if r >= 0x8000 else r)
+
+
+@cuda.jit(device=True, inline=True)
+def _st(a, i, x, dt):
+    """Store fp32 x as element i of a float32 (dt 0), bf16-as-int16 (1) or float16 (2) array,
+    rounded once to nearest even."""
+    if dt == 1:
+        a[i] = _bf16_bits(x)
+    else:
+        a[i] = x
 
 
 @cuda.jit(device=True, inline=True)

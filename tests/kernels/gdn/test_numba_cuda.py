@@ -38,6 +38,8 @@ def test_every_kernel_compiles_to_ptx_sm90(K, V, C):
         ptx, _ = numba_cuda_mod.compile_ptx(fn, sig, cc=(9, 0))
         assert ".target sm_90" in ptx and ".entry" in ptx, name
         assert ".local" not in ptx, f"{name} spills its state to local memory"
+        if name == "recurrent_bf16_h0_l2" and V >= 16:  # the L2 factors by warp shuffles
+            assert "shfl.sync.bfly" in ptx, name
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only behaviour")

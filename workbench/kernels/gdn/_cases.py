@@ -100,3 +100,83 @@ def varlen_selfcheck(backend: str, op: str, lengths, H=1, HV=2, K=8, V=8, chunk_
             "o": workbench.compare(torch.cat(ref_o, 1), o.cpu()).rel_l2,
             "state": workbench.compare(torch.cat(ref_s, 0), s.cpu()).rel_l2,
             "shape_o": list(o.shape), "shape_state": list(s.shape)}
+
+
+# values that probe the one rounding of o to bf16 / fp16: ties, subnormals, overflow; inf and NaN
+# (which the recurrence turns into NaN)
+ROUNDING_PROBES = [0.0, 1.0, 1.00390625, 1.01171875, 1.0009765625, 1.0029296875, -1.00390625, 3.0e38,
+                   3.3961e38, 3.3965e38, 65504.0, 65519.0, 65520.0, -65520.0, 1.0e-40, 1.2e-38, 5.9604645e-08, 2.9802322e-08,
+                   8.940697e-08, 6.0e-05, 6.1035156e-05, 1.0e-9, float("inf"), float("-inf"), float("nan"), 0.1, -7.3]
+
+
+def direct_selfcheck(backend: str, device: str = "cpu", seed: int = 0, full: bool = True) -> dict:
+    """The copy-free recurrence of ``backend`` (ext, numba) through the public call, checked:
+
+    - ``bitwise``: for q, k, v in bf16 / fp16 / fp32, g and beta in float32 / bf16 / fp16, with and
+      without an initial state and the in-kernel L2 norm, o and the final state equal bit for bit
+      the kernel run on float32 copies of the same values with o rounded afterwards by torch
+      (``.to(dtype)``), and the initial state is left as it was;
+    - ``rounding``: o written in bf16 / fp16 by the kernel equals torch's rounding of the kernel's
+      float32 o (NaN as NaN) on a problem whose o is v (K = 16, q = k = e0, beta = 1, g = 0,
+      scale 1, zero state), with v the values of :data:`ROUNDING_PROBES` (``probes_pass``: the
+      finite ones come out of the float32 run unchanged, so they reach the rounding);
+    - ``o``/``state``: the largest rel L2 from the FP64 oracle over the cases.
+
+    ``full=False`` runs a subset (bf16 / fp16 inputs, g and beta in float32 / bf16, with an initial
+    state), on a smaller problem: what the numba CUDA simulator, which runs it in a subprocess, can
+    afford. JSON in, JSON out.
+    """
+    import workbench
+    from workbench.kernels import gdn
+    from workbench.kernels.gdn import oracle
+    from workbench.kernels.gdn._checks import check_gdn
+
+    B, T, H, HV, K, V = (2, 3, 2, 4, 16, 8) if full else (1, 2, 1, 2, 8, 4)
+    dts = (torch.bfloat16, torch.float16, torch.float32) if full else (torch.bfloat16, torch.float16)
+    gdts = (torch.float32, torch.bfloat16, torch.float16) if full else (torch.float32, torch.bfloat16)
+    states = (False, True) if full else (True,)
+
+    mod = __import__(f"workbench.kernels.gdn.{'ext' if backend == 'ext' else 'numba_cuda'}", fromlist=["x"])
+    bad, worst_o, worst_s, n = [], 0.0, 0.0, 0
+    for dt in dts:
+        for gdt in gdts:
+            for state in states:
+                for l2 in (False, True):
+                    x = make_inputs(B, T, H, HV, K, V, dtype=dt, state=state, seed=seed + n, device=device)
+                    x["g"], x["beta"] = x["g"].to(gdt), x["beta"].to(gdt if gdt != torch.float16 else torch.bfloat16)
+                    h0 = x["initial_state"].clone() if state else None
+                    o, s = gdn.recurrent(**x, qk_l2norm=l2, backend=backend)
+                    # the same kernel on float32 copies, o rounded by torch
+                    wide = [x[nm].float().contiguous() for nm in ("q", "k", "v", "g", "beta")]
+                    sh = check_gdn(*wide, None, x["initial_state"])
+                    st = (x["initial_state"].clone() if state else torch.zeros(B, HV, K, V, device=device))
+                    o32 = torch.empty(B, T, HV, V, device=device)
+                    if backend == "ext":
+                        mod.launch("recurrent", sh, 0, 0, tuple(wide), st, o32, qk_l2norm=l2)
+                    else:
+                        mod.recurrence(sh, tuple(wide), st, o32, qk_l2norm=l2)
+                    same = torch.equal(o, o32.to(dt)) and torch.equal(s, st)
+                    same = same and (not state or torch.equal(x["initial_state"], h0))
+                    if not same:
+                        bad.append(f"{dt} g/beta {gdt} state={state} l2={l2}")
+                    ro, rs = oracle.recurrent(**{nm: (t.cpu() if t is not None else None) for nm, t in x.items()},
+                                              qk_l2norm=l2)
+                    worst_o = max(worst_o, workbench.compare(ro, o.cpu()).rel_l2)
+                    worst_s = max(worst_s, workbench.compare(rs, s.cpu()).rel_l2)
+                    n += 1
+    probes = torch.tensor(ROUNDING_PROBES, dtype=torch.float32)
+    P = probes.numel()
+    q = torch.zeros(1, 1, 1, 16)
+    q[..., 0] = 1.0
+    args = (q.to(device), q.to(device), probes.reshape(1, 1, 1, P).to(device), torch.zeros(1, 1, 1, device=device),
+            torch.ones(1, 1, 1, device=device))
+    o32, _ = gdn.recurrent(*args, scale=1.0, backend=backend)
+    o32 = o32.cpu().reshape(-1)
+    fin = torch.isfinite(probes)
+    rounding = {"probes_pass": bool(torch.equal(o32[fin], probes[fin]))}
+    for name, odt in (("bf16", torch.bfloat16), ("fp16", torch.float16)):
+        o, _ = gdn.recurrent(*args, scale=1.0, backend=backend, policy={"output_dtype": name})
+        want, got = o32.to(odt), o.cpu().reshape(-1)
+        nan = torch.isnan(want)
+        rounding[name] = bool(o.dtype == odt and torch.equal(torch.isnan(got), nan) and torch.equal(got[~nan], want[~nan]))
+    return {"bitwise": not bad, "mismatches": bad, "cases": n, "rounding": rounding, "o": worst_o, "state": worst_s}

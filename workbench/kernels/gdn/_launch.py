@@ -1,5 +1,6 @@
 """Shared launcher plumbing of the compiled backends (numba, ext): the float32 staging of inputs
-that their kernels read. (Which policy values they honour is declared in their ``KNOBS`` and
+that their chunked kernels read (:func:`stage`) and the copy-free arguments of their recurrence
+kernels (:func:`stage_direct`). (Which policy values they honour is declared in their ``KNOBS`` and
 checked by the dispatcher, :func:`workbench.kernels.registry.call`.)"""
 
 from __future__ import annotations
@@ -9,7 +10,10 @@ import torch
 from workbench.kernels.gdn._checks import check_gdn, l2norm, resolve_chunk
 from workbench.numerics.dtypes import torch_dtype
 
-__all__ = ["stage"]
+__all__ = ["stage", "stage_direct", "empty_result", "DIRECT"]
+
+# dtypes the recurrence kernels (ext and numba) read (q, k, v, g, beta) and write (o) as given
+DIRECT = (torch.float32, torch.bfloat16, torch.float16)
 
 
 def stage(backend, q, k, v, g, beta, scale, initial_state, qk_l2norm, policy, chunk_size=None,
@@ -43,3 +47,41 @@ def stage(backend, q, k, v, g, beta, scale, initial_state, qk_l2norm, policy, ch
     state = (torch.zeros(s.B, s.HV, s.K, s.V, dtype=torch.float32, device=q.device)
              if initial_state is None else initial_state.to(torch.float32).clone().contiguous())
     return s, p, C, (q, k, v, g, beta), state, out
+
+
+def _direct(x: torch.Tensor, inp) -> torch.Tensor:
+    """x materialized in ``inp`` (when set), kept in its dtype if the recurrence kernels read it,
+    else float32; contiguous (no copy when it already is)."""
+    if inp is not None:
+        x = x.to(inp)
+    return (x if x.dtype in DIRECT else x.to(torch.float32)).contiguous()
+
+
+def stage_direct(q, k, v, g, beta, scale, initial_state, policy):
+    """Arguments of the recurrence kernels, without staging copies where none are needed.
+
+    q, k, v, g and beta keep their dtype when it is float32, bf16 or fp16 (q, k, v and beta are
+    materialized in ``policy.input_dtype`` first when set; a widening load in the kernel gives the
+    values a float32 copy would hold); the initial state is used where it is when it is a
+    contiguous float32 tensor (``h0``, None: zeros), the final state goes to a new tensor and o
+    is allocated in the output dtype (float32 when the kernels cannot write that dtype).
+
+    Returns (shape, (q, k, v, g, beta), h0, state, o, out dtype).
+    """
+    s = check_gdn(q, k, v, g, beta, scale, initial_state)
+    p = policy
+    inp = torch_dtype(p.input_dtype) if p.input_dtype else None
+    out = torch_dtype(p.output_dtype) if p.output_dtype else v.dtype
+    q, k, v, beta = (_direct(x, inp) for x in (q, k, v, beta))
+    g = _direct(g, None)
+    h0 = initial_state
+    if h0 is not None and (h0.dtype != torch.float32 or not h0.is_contiguous()):
+        h0 = h0.to(torch.float32).contiguous()
+    state = torch.empty(s.B, s.HV, s.K, s.V, dtype=torch.float32, device=q.device)
+    o = torch.empty(s.B, s.T, s.HV, s.V, dtype=out if out in DIRECT else torch.float32, device=q.device)
+    return s, (q, k, v, g, beta), h0, state, o, out
+
+
+def empty_result(h0, state):
+    """The final state of a recurrence with no steps (T = 0 or B = 0): the initial state or zeros."""
+    return torch.zeros_like(state) if h0 is None else h0.clone()

@@ -32,7 +32,7 @@ from workbench.errors import KernelArgumentError, PolicyError
 from workbench.kernels import _abi, _native
 from workbench.kernels._abi import GdnArgs
 from workbench.kernels.gdn._checks import l2norm
-from workbench.kernels.gdn._launch import stage
+from workbench.kernels.gdn._launch import DIRECT, empty_result, stage, stage_direct
 from workbench.kernels.registry import backend_op, note_path
 from workbench.numerics.dtypes import native_code, torch_dtype
 from workbench.numerics.policy import requested_cuda_path
@@ -49,7 +49,7 @@ PATH_ENV = "WORKBENCH_GDN_CUDA_PATH"
 __all__ = ["recurrent", "chunked", "is_available",
            "library"]
 
-HEADERS = ["gdn/gdn_common.h", "gdn/gdn_mma.h", "gdn/gdn_abi.h", "common/wb_abi.h"]
+HEADERS = ["gdn/gdn_common.h", "gdn/gdn_mma.h", "gdn/gdn_abi.h", "common/wb_abi.h", "common/wb_elem.h"]
 SOURCES = {"cpu": ["gdn/gdn_cpu.cpp"], "cuda": ["gdn/gdn_cuda.cu", "gdn/gdn_mma.cu"]}
 CUDA_K = (16, 32, 64, 128, 256)
 MMA_K = (64, 128)
@@ -162,7 +162,29 @@ def staged(op, q, k, v, g, beta, scale=None, initial_state=None, qk_l2norm=False
     return Staged(s, p, C, acc64, tensors, state, out, path, bool(qk_l2norm and path == "mma"))
 
 
+def _recurrent(q, k, v, g, beta, scale, initial_state, qk_l2norm, policy):
+    """The recurrence without staging copies: the kernels read q, k, v, g and beta in their
+    dtypes (float32, bf16, fp16; q, k, v, beta materialized in ``policy.input_dtype`` first when
+    set), apply ``qk_l2norm`` themselves, read the initial state where it is (float32) and write
+    the final state to a new tensor and o in the output dtype."""
+    p = policy
+    if p.cuda_path == "mma":
+        raise PolicyError(f"policy.cuda_path='mma': the tensor-core path exists for the CUDA chunked form only, "
+                          f"not for recurrent on {q.device.type} tensors", key="cuda_path",
+                          fix="use cuda_path='auto' or 'scalar'")
+    note_path("scalar")
+    s, tensors, h0, state, o, out = stage_direct(q, k, v, g, beta, scale, initial_state, p)
+    if s.T == 0 or s.B == 0:
+        state = empty_result(h0, state)
+    else:
+        launch("recurrent", s, 0, int(p.accum_dtype == "fp64"), tensors, state, o,
+               qk_l2norm=qk_l2norm, h0=h0, zero_state=h0 is None)
+    return o.to(out), state
+
+
 def _run(op, q, k, v, g, beta, scale, initial_state, qk_l2norm, policy, chunk_size=None):
+    if op == "recurrent":
+        return _recurrent(q, k, v, g, beta, scale, initial_state, qk_l2norm, policy)
     st = staged(op, q, k, v, g, beta, scale, initial_state, qk_l2norm, policy=policy, chunk_size=chunk_size)
     s, C, acc64, tensors, state, out, path = (st.s, st.chunk, st.acc64, st.tensors, st.state,
                                               st.out, st.path)
@@ -174,9 +196,14 @@ def _run(op, q, k, v, g, beta, scale, initial_state, qk_l2norm, policy, chunk_si
     return o.to(out), state
 
 
-def launch(op, s, C, acc64, tensors, state, o, path="scalar", qk_l2norm=False):
+def launch(op, s, C, acc64, tensors, state, o, path="scalar", qk_l2norm=False, h0=None, zero_state=False):
     """Run the native kernel on staged contiguous tensors (float32; see ``path`` for the mma
     path's bf16 / fp16); ``state`` is updated in place.
+
+    The recurrence (``op`` "recurrent", CPU and CUDA builds) reads q, k, v (one dtype), g and beta
+    in any of float32, bf16, fp16 and writes ``o`` in any of them; it applies ``qk_l2norm``
+    itself; with ``h0`` (float32 [B, HV, K, V], not ``state``) it starts from h0 and only writes
+    ``state``, with ``zero_state`` from zeros.
 
     ``path`` ("scalar" or "mma") picks the CUDA chunked kernels; CPU tensors and the recurrence
     always run the scalar code. ``o`` is float32, except on the mma path, which also writes bf16
@@ -192,9 +219,9 @@ def launch(op, s, C, acc64, tensors, state, o, path="scalar", qk_l2norm=False):
     if kind == "cuda" and op == "recurrent" and s.K not in CUDA_K:
         raise KernelArgumentError(f"q: expected K in {CUDA_K} for the CUDA recurrence, got K={s.K}",
                                   key="q", fix="use backend='torch' or the chunked form")
-    if qk_l2norm and not (kind == "cuda" and op == "chunked" and path == "mma"):
-        raise KernelArgumentError("qk_l2norm: only the mma path applies the L2 norm itself; "
-                                  "normalize q and k first (ext.staged does)", key="qk_l2norm")
+    if qk_l2norm and not (op == "recurrent" or (kind == "cuda" and path == "mma")):
+        raise KernelArgumentError("qk_l2norm: only the recurrence and the mma path apply the L2 norm "
+                                  "themselves; normalize q and k first (ext.staged does)", key="qk_l2norm")
     lib = library(kind)
     a = GdnArgs.of(q=tensors[0], k=tensors[1], v=tensors[2], g=tensors[3], beta=tensors[4], o=o, state=state,
                    B=s.B, T=s.T, H=s.H, HV=s.HV, K=s.K, V=s.V, scale=s.scale, chunk=C, acc64=acc64)
@@ -202,6 +229,7 @@ def launch(op, s, C, acc64, tensors, state, o, path="scalar", qk_l2norm=False):
         with torch.cuda.device(q.device):
             a.stream = torch.cuda.current_stream().cuda_stream
     if op == "recurrent":
+        _recurrence_args(a, tensors, o, state, h0, zero_state, qk_l2norm)
         rc = getattr(lib, f"gdn_recurrent_{kind}")(ctypes.byref(a))
     else:
         # workspace of the three-phase chunked form: gcum, W, U (and the mma path's O1, the
@@ -234,6 +262,26 @@ def launch(op, s, C, acc64, tensors, state, o, path="scalar", qk_l2norm=False):
         rc = getattr(lib, f"gdn_chunked_{kind}")(ctypes.byref(a))
     if rc != _abi.WB_OK:
         raise _abi.status_error(lib, rc, f"native gdn {op} ({kind})")
+
+
+def _recurrence_args(a, tensors, o, state, h0, zero_state, qk_l2norm):
+    """Fill the recurrence's dtype codes, initial state and norm flag of GdnArgs ``a``."""
+    q, k, v, g, beta = tensors
+    for name, x in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta), ("o", o)):
+        if x.dtype not in DIRECT:
+            raise KernelArgumentError(f"{name}: the recurrence reads and writes {list(DIRECT)}, got {x.dtype}",
+                                      key=name)
+    if k.dtype != q.dtype or v.dtype != q.dtype:
+        raise KernelArgumentError(f"q, k, v: one dtype for all three, got {[q.dtype, k.dtype, v.dtype]}", key="q")
+    if h0 is not None:
+        if h0.dtype != torch.float32 or not h0.is_contiguous() or h0.shape != state.shape:
+            raise KernelArgumentError(f"h0: expected a contiguous float32 tensor of shape {tuple(state.shape)}, got "
+                                      f"{h0.dtype} {tuple(h0.shape)}", key="initial_state")
+        if h0.data_ptr() == state.data_ptr():
+            h0 = None  # the same buffer: the state is read and written in place
+    a.in_dtype, a.g_dtype, a.beta_dtype, a.o_dtype = (MMA_OUT[x.dtype] for x in (q, g, beta, o))
+    a.h0 = h0.data_ptr() if h0 is not None else None
+    a.zero_state, a.qk_l2norm = int(bool(zero_state)), int(bool(qk_l2norm))
 
 
 @backend_op

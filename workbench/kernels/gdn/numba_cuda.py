@@ -1,13 +1,15 @@
-"""GDN as numba.cuda kernels: a batched decode kernel, a prefill recurrence and a chunked prefill.
+"""GDN as numba.cuda kernels: the recurrence (batched decode and prefill) and a chunked prefill.
 
 Kernels (each built by a factory whose arguments become compile-time constants, so loops over
 the K rows unroll and the state lives in registers):
 
-- ``decode`` (T = 1): a block of NS warps-worth of threads owns BV value columns of one (b, hv);
-  thread (slice w, lane) keeps K / NS state rows of its column in registers, reading q and k
-  straight from global memory; partial dot products meet in shared memory;
-- ``recurrent`` (prefill): the same mapping looping over T inside the kernel, with q_t and k_t
-  staged in shared memory each step and the state kept in registers throughout;
+- ``recurrent`` (decode, T = 1, and prefill): a block of NS warps-worth of threads owns BV value
+  columns of one (b, hv); thread (slice w, lane) keeps K / NS state rows of its column in
+  registers; each step stages q_t and k_t in shared memory and partial dot products meet there.
+  It reads q, k, v, g and beta in the dtypes given (float32, bf16, fp16), applies the q/k L2
+  norm itself, reads the initial state where it lies and writes o in the output dtype, so a
+  public decode call launches this one kernel and no staging copies (one compiled variant per
+  combination, on first use);
 - ``chunked`` (prefill), the UT/WY form in three launches: ``prepare`` (one block per chunk, all
   chunks in parallel) builds A = strictly-lower(beta K K^T * decay) in shared memory and solves
   (I + A) [W U] = [beta exp(gc) K, beta V] by forward substitution; ``state_pass`` (one block per
@@ -15,7 +17,7 @@ the K rows unroll and the state lives in registers):
   chunk's delta-rule values U - W S, writes the inter-chunk part of o and the next state;
   ``output`` (one block per chunk) adds the intra-chunk part tril(q k^T * decay) U.
 
-Kernels compute in float32 (inputs are staged to float32 by the launcher; ``policy.accum_dtype``
+Kernels compute in float32 (the chunked form's inputs are staged to float32 by the launcher; ``policy.accum_dtype``
 "fp64" and ``state_dtype`` other than fp32 are refused). They run on CUDA tensors on torch's
 current stream; under ``NUMBA_ENABLE_CUDASIM=1`` they also run, slowly, on CPU tensors in numba's
 CUDA simulator (tiny shapes only). The helper ops run through the ``torch`` backend.
@@ -30,14 +32,16 @@ import torch
 
 from workbench.errors import KernelArgumentError
 # the helper ops run through the torch implementation (same keyword signatures)
-from workbench.kernels.gdn._launch import stage
+from workbench.kernels.gdn._launch import empty_result, stage, stage_direct
 from workbench.kernels.registry import backend_op, note_path
 from workbench.kernels.gdn._varlen import per_sequence
 
 try:  # kernels must see the module-level ``cuda``: the simulator swaps it in their globals
-    from numba import cuda, float32
+    from numba import cuda, float32, int64
+
+    from workbench.kernels._numba_elem import _ld, _st
 except Exception as _e:  # pragma: no cover - is_available() reports it
-    cuda = float32 = None
+    cuda = float32 = int64 = _ld = _st = None
     _IMPORT_ERROR = f"{type(_e).__name__}: {_e}"
 
 # the ops this backend implements itself; the helper ops (gates, conv, gated norm) are torch's
@@ -81,89 +85,108 @@ def is_available() -> tuple[bool, str]:
 
 # ---------------------------------------------------------------- kernels (python functions)
 
-def _signature():
+# array types of the dtype codes the recurrence reads and writes (bf16 travels as int16 bits)
+_ARR = {0: "float32", 1: "int16", 2: "float16"}
+_DT_CODE = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+INIT_STATE, INIT_H0, INIT_ZERO = 0, 1, 2   # the recurrence's initial state: in place, from h0, zeros
+
+
+def _recurrent_sig(DQ: int, DG: int, DB: int, DO: int):
     from numba import types
-    a4, a3 = types.float32[:, :, :, ::1], types.float32[:, :, ::1]
-    i32 = types.int32
-    return types.void(a4, a4, a4, a3, a3, a4, a4, i32, i32, i32, i32, types.float32)
+    arr = {c: getattr(types, n)[::1] for c, n in _ARR.items()}
+    f1, i32 = types.float32[::1], types.int32
+    return types.void(arr[DQ], arr[DQ], arr[DQ], arr[DG], arr[DB], arr[DO], f1, f1, i32, i32, i32, i32,
+                      types.float32)
 
 
-def _decode_src(K: int, BV: int):
-    RK = K // NS
+def _recurrent_src(K: int, BV: int, DQ: int = 0, DG: int = 0, DB: int = 0, DO: int = 0,
+                   INIT: int = INIT_STATE, L2: bool = False):
+    """The recurrence (decode: T = 1; prefill: a loop over T), on flat contiguous arrays.
 
-    def gdn_decode(q, k, v, g, beta, o, state, T, H, HV, V, scale):
-        red = cuda.shared.array((NS, BV), float32)
-        s = cuda.local.array(RK, float32)
-        b = cuda.blockIdx.x // HV
-        hv = cuda.blockIdx.x % HV
-        h = hv // (HV // H)
-        lane = cuda.threadIdx.x % BV
-        w = cuda.threadIdx.x // BV
-        c = cuda.blockIdx.y * BV + lane
-        active = c < V
-        decay = math.exp(g[b, 0, hv])
-        bt = beta[b, 0, hv]
-        for i in range(RK):  # all state loads first, so they are in flight together
-            s[i] = state[b, hv, w * RK + i, c] if active else float32(0.0)
-        p = float32(0.0)
-        for i in range(RK):
-            p += s[i] * k[b, 0, h, w * RK + i]
-        red[w, lane] = p
-        cuda.syncthreads()
-        kv = float32(0.0)
-        for j in range(NS):
-            kv += red[j, lane]
-        vi = v[b, 0, hv, c] if active else float32(0.0)
-        u = bt * (vi - decay * kv)
-        po = float32(0.0)
-        for i in range(RK):
-            r = w * RK + i
-            sn = decay * s[i] + k[b, 0, h, r] * u
-            po += sn * q[b, 0, h, r]
-            if active:
-                state[b, hv, r, c] = sn
-        cuda.syncthreads()
-        red[w, lane] = po
-        cuda.syncthreads()
-        if w == 0 and active:
-            acc = float32(0.0)
-            for j in range(NS):
-                acc += red[j, lane]
-            o[b, 0, hv, c] = scale * acc
-
-    return gdn_decode
-
-
-def _recurrent_src(K: int, BV: int):
+    A block of NS x BV threads owns BV value columns of one (b, hv); thread (slice w, lane) keeps
+    K / NS state rows of its column in registers. Each step stages q_t and k_t in shared memory
+    (read in dtype code DQ, as are v; g in DG, beta in DB: 0 float32, 1 bf16 bits, 2 fp16,
+    widened exactly); with L2 the L2-norm factors of the q and k rows are formed from them by
+    warps 0 and 1 (32 lane-strided partial sums and an xor butterfly, the order of the ext
+    kernels; with fewer than 64 threads, and in the simulator, the same sums meet in shared
+    memory in the same order); partial dot
+    products meet in shared memory. o is written in DO, rounded once to
+    nearest even. The initial state comes from ``state`` itself (INIT_STATE), from ``h0``
+    (INIT_H0) or is zeros (INIT_ZERO); the final state is written to ``state``.
+    """
     RK = K // NS
     NT = NS * BV
+    SHFL = NT >= 64 and not _simulator()  # the simulator has no warp shuffles
 
-    def gdn_recurrent(q, k, v, g, beta, o, state, T, H, HV, V, scale):
+    def gdn_recurrent(q, k, v, g, beta, o, h0, state, T, H, HV, V, scale):
         red = cuda.shared.array((NS, BV), float32)
-        ks = cuda.shared.array(K, float32)
-        qs = cuda.shared.array(K, float32)
+        qk = cuda.shared.array((2, K), float32)
+        part = cuda.shared.array((2, 32), float32)
+        nrm = cuda.shared.array(2, float32)
         s = cuda.local.array(RK, float32)
-        b = cuda.blockIdx.x // HV
-        hv = cuda.blockIdx.x % HV
+        bh = int64(cuda.blockIdx.x)
+        b = bh // HV
+        hv = bh % HV
         h = hv // (HV // H)
         tid = cuda.threadIdx.x
         lane = tid % BV
         w = tid // BV
         c = cuda.blockIdx.y * BV + lane
         active = c < V
-        for i in range(RK):
-            s[i] = state[b, hv, w * RK + i, c] if active else float32(0.0)
+        base = (bh * K + w * RK) * V + c
+        for i in range(RK):  # all state loads first, so they are in flight together
+            if INIT == INIT_ZERO or not active:
+                s[i] = float32(0.0)
+            elif INIT == INIT_H0:
+                s[i] = h0[base + i * V]
+            else:
+                s[i] = state[base + i * V]
         for t in range(T):
+            row = ((b * T + t) * H + h) * K
             for i in range(tid, K, NT):
-                ks[i] = k[b, t, h, i]
-                qs[i] = q[b, t, h, i]
-            decay = math.exp(g[b, t, hv])
-            bt = beta[b, t, hv]
-            vi = v[b, t, hv, c] if active else float32(0.0)
+                qk[0, i] = _ld(q, row + i, DQ)
+                qk[1, i] = _ld(k, row + i, DQ)
+            gi = (b * T + t) * HV + hv
+            decay = math.exp(_ld(g, gi, DG))
+            bt = _ld(beta, gi, DB)
+            vi = _ld(v, gi * V + c, DQ) if active else float32(0.0)
             cuda.syncthreads()
+            fq = float32(1.0)
+            fk = float32(1.0)
+            if L2:
+                if SHFL:  # warps 0 and 1 form the q and k factors: lane sums, xor butterfly
+                    if tid < 64:
+                        j = tid // 32
+                        acc = float32(0.0)
+                        for i in range(tid % 32, K, 32):
+                            acc += qk[j, i] * qk[j, i]
+                        off = 16
+                        while off > 0:
+                            acc += cuda.shfl_xor_sync(0xFFFFFFFF, acc, off)
+                            off //= 2
+                        if tid % 32 == 0:
+                            nrm[j] = float32(1.0) / math.sqrt(acc + float32(1e-6))
+                else:  # under 64 threads (V < 16), or the simulator: the same sums, tree in shared memory
+                    for idx in range(tid, 64, NT):
+                        j = idx // 32
+                        acc = float32(0.0)
+                        for i in range(idx % 32, K, 32):
+                            acc += qk[j, i] * qk[j, i]
+                        part[j, idx % 32] = acc
+                    cuda.syncthreads()
+                    if tid < 2:
+                        off = 16
+                        while off > 0:
+                            for m in range(off):
+                                part[tid, m] = part[tid, m] + part[tid, m + off]
+                            off //= 2
+                        nrm[tid] = float32(1.0) / math.sqrt(part[tid, 0] + float32(1e-6))
+                cuda.syncthreads()
+                fq = nrm[0]
+                fk = nrm[1]
             p = float32(0.0)
             for i in range(RK):
-                p += s[i] * ks[w * RK + i]
+                p += s[i] * (qk[1, w * RK + i] * fk)
             red[w, lane] = p
             cuda.syncthreads()
             kv = float32(0.0)
@@ -172,8 +195,8 @@ def _recurrent_src(K: int, BV: int):
             u = bt * (vi - decay * kv)
             po = float32(0.0)
             for i in range(RK):
-                s[i] = decay * s[i] + ks[w * RK + i] * u
-                po += s[i] * qs[w * RK + i]
+                s[i] = decay * s[i] + (qk[1, w * RK + i] * fk) * u
+                po += s[i] * (qk[0, w * RK + i] * fq)
             cuda.syncthreads()
             red[w, lane] = po
             cuda.syncthreads()
@@ -181,10 +204,10 @@ def _recurrent_src(K: int, BV: int):
                 acc = float32(0.0)
                 for j in range(NS):
                     acc += red[j, lane]
-                o[b, t, hv, c] = scale * acc
+                _st(o, gi * V + c, scale * acc, DO)
         if active:
             for i in range(RK):
-                state[b, hv, w * RK + i, c] = s[i]
+                state[base + i * V] = s[i]
 
     return gdn_recurrent
 
@@ -351,7 +374,7 @@ def _sigs():
     a4, a3 = types.float32[:, :, :, ::1], types.float32[:, :, ::1]
     i32, f32 = types.int32, types.float32
     return {
-        "recurrent": _signature(),
+        "recurrent": _recurrent_sig(0, 0, 0, 0),
         "prepare": types.void(a4, a4, a3, a3, a3, a4, a4, i32, i32, i32, i32),
         "state_pass": types.void(a4, a4, a3, a4, a4, a4, a4, i32, i32, i32, i32),
         "output": types.void(a4, a4, a3, a4, a4, i32, i32, i32, i32, f32),
@@ -366,13 +389,15 @@ def _config(K: int, V: int, C: int) -> dict:
 
 
 def kernel_sources(K: int = 128, V: int = 128, C: int = 64) -> dict:
-    """{name: (python function, signature)} of every kernel as launched for K, V and chunk C;
-    the CI compiles each to PTX for sm_90."""
+    """{name: (python function, signature)} of every kernel as launched for K, V and chunk C
+    (the recurrence in two of its variants: float32 in place, and a decode step as engines call
+    it: bf16 q, k, v and o, float32 g and beta, state from h0, L2 norm in the kernel); the CI
+    compiles each to PTX for sm_90."""
     sig = _sigs()
     cfg = _config(K, V, C)
     return {
-        "decode": (_decode_src(K, cfg["bv"]), sig["recurrent"]),
         "recurrent": (_recurrent_src(K, cfg["bv"]), sig["recurrent"]),
+        "recurrent_bf16_h0_l2": (_recurrent_src(K, cfg["bv"], 1, 0, 0, 1, INIT_H0, True), _recurrent_sig(1, 0, 0, 1)),
         "prepare": (_prepare_src(K, V, C, cfg["phase"]), sig["prepare"]),
         "state_pass": (_state_pass_src(K, cfg["pass_bv"], C, cfg["pass_threads"]), sig["state_pass"]),
         "output": (_output_src(K, V, C, cfg["phase"]), sig["output"]),
@@ -383,6 +408,46 @@ def kernel_sources(K: int = 128, V: int = 128, C: int = 64) -> dict:
 def _kernel(name: str, K: int, V: int, C: int):
     fn, sig = kernel_sources(K, V, C)[name]
     return cuda.jit(sig)(fn) if not _simulator() else cuda.jit(fn)
+
+
+@lru_cache(maxsize=None)
+def _recurrence(K: int, BV: int, codes: tuple, init: int, l2: bool):
+    """The recurrence compiled for one combination of dtype codes (q/k/v, g, beta, o), initial
+    state and norm (each compiled on first use, then cached)."""
+    fn = _recurrent_src(K, BV, *codes, init, l2)
+    return cuda.jit(_recurrent_sig(*codes))(fn) if not _simulator() else cuda.jit(fn)
+
+
+def _flat(x: torch.Tensor) -> torch.Tensor:
+    """x as the flat array the recurrence reads (bf16 as its int16 bits)."""
+    x = x.reshape(-1)
+    return x.view(torch.int16) if x.dtype == torch.bfloat16 else x
+
+
+def recurrence(s, tensors, state, o, h0=None, zero_state=False, qk_l2norm=False):
+    """Run the recurrence on contiguous tensors: q, k, v (one dtype), g, beta in float32, bf16 or
+    fp16, o in one of them; the initial state from ``h0`` (float32, not ``state``), zeros
+    (``zero_state``) or ``state`` itself; the final state in ``state`` (float32)."""
+    if s.K % NS:
+        raise KernelArgumentError(f"q: expected K divisible by {NS} for backend 'numba', got "
+                                  f"K={s.K}", key="q", fix="use backend='torch' or 'ext'")
+    q, k, v, g, beta = tensors
+    for name, x in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta), ("o", o)):
+        if x.dtype not in _DT_CODE:
+            raise KernelArgumentError(f"{name}: the numba recurrence reads and writes {list(_DT_CODE)}, got "
+                                      f"{x.dtype}", key=name)
+    if k.dtype != q.dtype or v.dtype != q.dtype:
+        raise KernelArgumentError(f"q, k, v: one dtype for all three, got {[q.dtype, k.dtype, v.dtype]}", key="q")
+    if h0 is not None and h0.data_ptr() == state.data_ptr():
+        h0 = None
+    init = INIT_ZERO if zero_state else (INIT_H0 if h0 is not None else INIT_STATE)
+    bv = _config(s.K, s.V, 0)["bv"]
+    codes = tuple(_DT_CODE[x.dtype] for x in (q, g, beta, o))
+    kern = _recurrence(s.K, bv, codes, init, bool(qk_l2norm))
+    st = _flat(state)
+    _go(kern, (s.B * s.HV, (s.V + bv - 1) // bv), NS * bv,
+        [*(_flat(x) for x in (q, k, v, g, beta, o)), _flat(h0) if h0 is not None else st, st,
+         s.T, s.H, s.HV, s.V, s.scale], q.device)
 
 
 def _go(kern, grid, block, args, device):
@@ -399,20 +464,16 @@ def _go(kern, grid, block, args, device):
 
 
 def launch(name, s, C, tensors, state, o):
-    """Run ``name`` ("decode", "recurrent" or "chunked") on staged float32 tensors; ``state`` is
-    updated in place."""
+    """Run ``name`` ("decode" or "recurrent": the recurrence, see :func:`recurrence`; "chunked")
+    on staged float32 tensors; ``state`` is updated in place."""
+    if name in ("decode", "recurrent"):
+        recurrence(s, tensors, state, o)
+        return
     if s.K % NS:
         raise KernelArgumentError(f"q: expected K divisible by {NS} for backend 'numba', got "
                                   f"K={s.K}", key="q", fix="use backend='torch' or 'ext'")
     q, k, v, g, beta = tensors
     dev = q.device
-    if name in ("decode", "recurrent"):
-        cfg = _config(s.K, s.V, 0)
-        bv = cfg["bv"]
-        grid = (s.B * s.HV, (s.V + bv - 1) // bv)
-        _go(_kernel(name, s.K, s.V, 0), grid, NS * bv,
-            [q, k, v, g, beta, o, state, s.T, s.H, s.HV, s.V, s.scale], dev)
-        return
     cfg = _config(s.K, s.V, C)
     NC = (s.T + C - 1) // C
     f32 = dict(dtype=torch.float32, device=dev)
@@ -428,19 +489,36 @@ def launch(name, s, C, tensors, state, o):
         [q, k, gcum, U, o, s.T, s.H, s.HV, NC, s.scale], dev)
 
 
+def _need_device(q):
+    if not q.is_cuda and not _simulator():
+        raise KernelArgumentError(
+            f"q: expected CUDA tensors for backend 'numba', got device {q.device}",
+            key="q", fix="move the tensors to the GPU (x.cuda()), or set NUMBA_ENABLE_CUDASIM=1 "
+                         "before importing numba to use the simulator")
+
+
+def _recurrent(q, k, v, g, beta, scale, initial_state, qk_l2norm, policy):
+    """The recurrence without staging copies (``_launch.stage_direct``)."""
+    s, tensors, h0, state, o, out = stage_direct(q, k, v, g, beta, scale, initial_state, policy)
+    note_path("scalar")
+    _need_device(tensors[0])
+    if s.T == 0 or s.B == 0:
+        state = empty_result(h0, state)
+    else:
+        recurrence(s, tensors, state, o, h0=h0, zero_state=h0 is None, qk_l2norm=qk_l2norm)
+    return o.to(out), state
+
+
 def _run(op, q, k, v, g, beta, scale, initial_state, qk_l2norm, policy, chunk_size=None):
+    if op == "recurrent":
+        return _recurrent(q, k, v, g, beta, scale, initial_state, qk_l2norm, policy)
     s, p, C, tensors, state, out = stage("numba", q, k, v, g, beta, scale, initial_state,
                                          qk_l2norm, policy, chunk_size)
     note_path("scalar")
-    if not tensors[0].is_cuda and not _simulator():
-        raise KernelArgumentError(
-            f"q: expected CUDA tensors for backend 'numba', got device {tensors[0].device}",
-            key="q", fix="move the tensors to the GPU (x.cuda()), or set NUMBA_ENABLE_CUDASIM=1 "
-                         "before importing numba to use the simulator")
+    _need_device(tensors[0])
     o = torch.empty(s.B, s.T, s.HV, s.V, dtype=torch.float32, device=tensors[0].device)
     if s.T > 0:
-        name = op if op == "chunked" else ("decode" if s.T == 1 else "recurrent")
-        launch(name, s, C, tensors, state, o)
+        launch(op, s, C, tensors, state, o)
     return o.to(out), state
 
 
