@@ -99,7 +99,7 @@ def prefill(rows, errors):
             print(name, "failed", errors[-1]["error"][-400:])
 
 
-def decode(rows, errors):
+def decode(rows, errors, backends=("ext", "numba")):
     _, fused = _fla()
     for B in DECODE_B:
         for norm in (False, True):
@@ -112,7 +112,7 @@ def decode(rows, errors):
                              use_qk_l2norm_in_kernel=norm)
             t_peer = _bench(_graphed(peer))
             o2, s2 = peer()
-            for be in ("ext", "numba"):
+            for be in backends:
                 try:
                     def ours(be=be):
                         return gdn.recurrent(x["q"], x["k"], x["v"], x["g"], x["beta"],
@@ -133,12 +133,13 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--skip", nargs="*", default=[], choices=["prefill", "decode"])
+    ap.add_argument("--decode-backends", nargs="+", default=["ext", "numba"], choices=["ext", "numba"])
     args = ap.parse_args()
     rows, errors = [], []
     if "prefill" not in args.skip:
         prefill(rows, errors)
     if "decode" not in args.skip:
-        decode(rows, errors)
+        decode(rows, errors, args.decode_backends)
 
     def least(kind, ours):
         r = [x for x in rows if x["kind"] == kind and x["ours"].startswith(ours)]

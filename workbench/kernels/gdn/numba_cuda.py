@@ -3,8 +3,8 @@
 Kernels (each built by a factory whose arguments become compile-time constants, so loops over
 the K rows unroll and the state lives in registers):
 
-- ``recurrent`` (decode, T = 1, and prefill): a block of NS warps-worth of threads owns BV value
-  columns of one (b, hv); thread (slice w, lane) keeps K / NS state rows of its column in
+- ``recurrent`` (decode, T = 1, and prefill): a block of 8 (or 4) warps-worth of threads owns BV
+  value columns of one (b, hv); thread (slice w, lane) keeps K / 8 state rows of its column in
   registers; each step stages q_t and k_t in shared memory and partial dot products meet there.
   It reads q, k, v, g and beta in the dtypes given (float32, bf16, fp16), applies the q/k L2
   norm itself, reads the initial state where it lies and writes o in the output dtype, so a
@@ -37,11 +37,11 @@ from workbench.kernels.registry import backend_op, note_path
 from workbench.kernels.gdn._varlen import per_sequence
 
 try:  # kernels must see the module-level ``cuda``: the simulator swaps it in their globals
-    from numba import cuda, float32, int64
+    from numba import cuda, float32, int64, uint64
 
     from workbench.kernels._numba_elem import _ld, _st
 except Exception as _e:  # pragma: no cover - is_available() reports it
-    cuda = float32 = int64 = _ld = _st = None
+    cuda = float32 = int64 = uint64 = _ld = _st = None
     _IMPORT_ERROR = f"{type(_e).__name__}: {_e}"
 
 # the ops this backend implements itself; the helper ops (gates, conv, gated norm) are torch's
@@ -52,7 +52,8 @@ DEVICES = ("cuda",)  # CUDA tensors (the numba simulator runs CPU tensors, tiny 
 __all__ = ["recurrent", "chunked", "is_available",
            "kernel_sources"]
 
-NS = 4                 # K slices per value column in the recurrent kernels
+NS = 4                 # K slices per value column in the recurrence: K must divide by it
+RNS = 8                # ... and the slices it uses when K divides by them (half the registers)
 MAX_CHUNK = 64
 # the policy values it honours (the dispatcher refuses others): float32 state and accumulators,
 # chunks up to MAX_CHUNK, CUDA cores only
@@ -99,24 +100,31 @@ def _recurrent_sig(DQ: int, DG: int, DB: int, DO: int):
                       types.float32)
 
 
+def _slices(K: int) -> int:
+    """K slices per value column of the recurrence: RNS when K divides by it, else NS."""
+    return RNS if K % RNS == 0 else NS
+
+
 def _recurrent_src(K: int, BV: int, DQ: int = 0, DG: int = 0, DB: int = 0, DO: int = 0,
                    INIT: int = INIT_STATE, L2: bool = False):
     """The recurrence (decode: T = 1; prefill: a loop over T), on flat contiguous arrays.
 
-    A block of NS x BV threads owns BV value columns of one (b, hv); thread (slice w, lane) keeps
-    K / NS state rows of its column in registers. Each step stages q_t and k_t in shared memory
-    (read in dtype code DQ, as are v; g in DG, beta in DB: 0 float32, 1 bf16 bits, 2 fp16,
-    widened exactly); with L2 the L2-norm factors of the q and k rows are formed from them by
-    warps 0 and 1 (32 lane-strided partial sums and an xor butterfly, the order of the ext
-    kernels; with fewer than 64 threads, and in the simulator, the same sums meet in shared
-    memory in the same order); partial dot
-    products meet in shared memory. o is written in DO, rounded once to
-    nearest even. The initial state comes from ``state`` itself (INIT_STATE), from ``h0``
+    A block of S x BV threads (S = 8 K slices, 4 when K does not divide by 8) owns BV value
+    columns of one (b, hv); thread (slice w, lane) keeps K / S state rows of its column in
+    registers. Each step stages q_t and k_t in shared memory (read in dtype code DQ, as are v;
+    g in DG, beta in DB: 0 float32, 1 bf16 bits, 2 fp16, widened exactly); with L2 the L2-norm
+    factors of the q and k rows are formed from them by warps 0 and 1 (32 lane-strided partial
+    sums and an xor butterfly, the order of the ext kernels; with fewer than 64 threads, K not a
+    multiple of 32, or in the simulator, the same sums meet in shared memory in the same order)
+    and q_t, k_t scaled in place; partial dot products meet in shared memory. o is written in
+    DO, rounded once to nearest even. The initial state comes from ``state`` itself (INIT_STATE), from ``h0``
     (INIT_H0) or is zeros (INIT_ZERO); the final state is written to ``state``.
     """
+    NS = _slices(K)
     RK = K // NS
     NT = NS * BV
-    SHFL = NT >= 64 and not _simulator()  # the simulator has no warp shuffles
+    SHFL = NT >= 64 and K % 32 == 0 and not _simulator()  # the simulator has no warp shuffles
+    KW = K // 32
 
     def gdn_recurrent(q, k, v, g, beta, o, h0, state, T, H, HV, V, scale):
         red = cuda.shared.array((NS, BV), float32)
@@ -133,39 +141,42 @@ def _recurrent_src(K: int, BV: int, DQ: int = 0, DG: int = 0, DB: int = 0, DO: i
         w = tid // BV
         c = cuda.blockIdx.y * BV + lane
         active = c < V
-        base = (bh * K + w * RK) * V + c
+        # unsigned flat indices: numba adds no negative-index wraparound to them (fewer registers)
+        base = uint64((bh * K + w * RK) * V + c)
         for i in range(RK):  # all state loads first, so they are in flight together
             if INIT == INIT_ZERO or not active:
                 s[i] = float32(0.0)
             elif INIT == INIT_H0:
-                s[i] = h0[base + i * V]
+                s[i] = h0[base + uint64(i * V)]
             else:
-                s[i] = state[base + i * V]
+                s[i] = state[base + uint64(i * V)]
         for t in range(T):
-            row = ((b * T + t) * H + h) * K
+            row = uint64(((b * T + t) * H + h) * K)
             for i in range(tid, K, NT):
-                qk[0, i] = _ld(q, row + i, DQ)
-                qk[1, i] = _ld(k, row + i, DQ)
-            gi = (b * T + t) * HV + hv
+                qk[0, i] = _ld(q, row + uint64(i), DQ)
+                qk[1, i] = _ld(k, row + uint64(i), DQ)
+            gi = uint64((b * T + t) * HV + hv)
             decay = math.exp(_ld(g, gi, DG))
             bt = _ld(beta, gi, DB)
-            vi = _ld(v, gi * V + c, DQ) if active else float32(0.0)
+            vi = _ld(v, gi * uint64(V) + uint64(c), DQ) if active else float32(0.0)
             cuda.syncthreads()
-            fq = float32(1.0)
-            fk = float32(1.0)
-            if L2:
+            if L2:  # q_t and k_t scaled in shared memory by their factors (so the loops below
+                # hold no extra registers): x * f, the product the ext kernels form
                 if SHFL:  # warps 0 and 1 form the q and k factors: lane sums, xor butterfly
                     if tid < 64:
                         j = tid // 32
                         acc = float32(0.0)
-                        for i in range(tid % 32, K, 32):
-                            acc += qk[j, i] * qk[j, i]
-                        off = 16
-                        while off > 0:
-                            acc += cuda.shfl_xor_sync(0xFFFFFFFF, acc, off)
-                            off //= 2
-                        if tid % 32 == 0:
-                            nrm[j] = float32(1.0) / math.sqrt(acc + float32(1e-6))
+                        for r in range(KW):
+                            x = qk[j, tid % 32 + 32 * r]
+                            acc += x * x
+                        acc += cuda.shfl_xor_sync(0xFFFFFFFF, acc, 16)
+                        acc += cuda.shfl_xor_sync(0xFFFFFFFF, acc, 8)
+                        acc += cuda.shfl_xor_sync(0xFFFFFFFF, acc, 4)
+                        acc += cuda.shfl_xor_sync(0xFFFFFFFF, acc, 2)
+                        acc += cuda.shfl_xor_sync(0xFFFFFFFF, acc, 1)
+                        f = float32(1.0) / math.sqrt(acc + float32(1e-6))  # every lane holds the sum
+                        for r in range(KW):
+                            qk[j, tid % 32 + 32 * r] = qk[j, tid % 32 + 32 * r] * f
                 else:  # under 64 threads (V < 16), or the simulator: the same sums, tree in shared memory
                     for idx in range(tid, 64, NT):
                         j = idx // 32
@@ -181,12 +192,14 @@ def _recurrent_src(K: int, BV: int, DQ: int = 0, DG: int = 0, DB: int = 0, DO: i
                                 part[tid, m] = part[tid, m] + part[tid, m + off]
                             off //= 2
                         nrm[tid] = float32(1.0) / math.sqrt(part[tid, 0] + float32(1e-6))
+                    cuda.syncthreads()
+                    for i in range(tid, K, NT):
+                        qk[0, i] = qk[0, i] * nrm[0]
+                        qk[1, i] = qk[1, i] * nrm[1]
                 cuda.syncthreads()
-                fq = nrm[0]
-                fk = nrm[1]
             p = float32(0.0)
             for i in range(RK):
-                p += s[i] * (qk[1, w * RK + i] * fk)
+                p += s[i] * qk[1, w * RK + i]
             red[w, lane] = p
             cuda.syncthreads()
             kv = float32(0.0)
@@ -195,8 +208,8 @@ def _recurrent_src(K: int, BV: int, DQ: int = 0, DG: int = 0, DB: int = 0, DO: i
             u = bt * (vi - decay * kv)
             po = float32(0.0)
             for i in range(RK):
-                s[i] = decay * s[i] + (qk[1, w * RK + i] * fk) * u
-                po += s[i] * (qk[0, w * RK + i] * fq)
+                s[i] = decay * s[i] + qk[1, w * RK + i] * u
+                po += s[i] * qk[0, w * RK + i]
             cuda.syncthreads()
             red[w, lane] = po
             cuda.syncthreads()
@@ -204,10 +217,10 @@ def _recurrent_src(K: int, BV: int, DQ: int = 0, DG: int = 0, DB: int = 0, DO: i
                 acc = float32(0.0)
                 for j in range(NS):
                     acc += red[j, lane]
-                _st(o, gi * V + c, scale * acc, DO)
+                _st(o, gi * uint64(V) + uint64(c), scale * acc, DO)
         if active:
             for i in range(RK):
-                state[base + i * V] = s[i]
+                state[base + uint64(i * V)] = s[i]
 
     return gdn_recurrent
 
@@ -445,7 +458,7 @@ def recurrence(s, tensors, state, o, h0=None, zero_state=False, qk_l2norm=False)
     codes = tuple(_DT_CODE[x.dtype] for x in (q, g, beta, o))
     kern = _recurrence(s.K, bv, codes, init, bool(qk_l2norm))
     st = _flat(state)
-    _go(kern, (s.B * s.HV, (s.V + bv - 1) // bv), NS * bv,
+    _go(kern, (s.B * s.HV, (s.V + bv - 1) // bv), _slices(s.K) * bv,
         [*(_flat(x) for x in (q, k, v, g, beta, o)), _flat(h0) if h0 is not None else st, st,
          s.T, s.H, s.HV, s.V, s.scale], q.device)
 
