@@ -59,7 +59,7 @@ def test_ext_launch_refuses_mixed_qkv_dtypes_and_bad_h0():
     with pytest.raises(KernelArgumentError, match="one dtype for all three"):
         ext.launch("recurrent", sh, 0, 0, t, st, o)
     t = (x["q"], x["k"], x["v"], x["g"].double(), x["beta"])
-    with pytest.raises(KernelArgumentError, match="g: the recurrence reads"):
+    with pytest.raises(KernelArgumentError, match="g: the ext recurrence reads"):
         ext.launch("recurrent", sh, 0, 0, t, st, o)
     t = (x["q"], x["k"], x["v"], x["g"], x["beta"])
     with pytest.raises(KernelArgumentError, match="h0: expected a contiguous float32"):

@@ -10,7 +10,7 @@ import torch
 from workbench.kernels.gdn._checks import check_gdn, l2norm, resolve_chunk
 from workbench.numerics.dtypes import torch_dtype
 
-__all__ = ["stage", "stage_direct", "empty_result", "DIRECT"]
+__all__ = ["stage", "stage_direct", "check_direct", "empty_result", "DIRECT"]
 
 # dtypes the recurrence kernels (ext and numba) read (q, k, v, g, beta) and write (o) as given
 DIRECT = (torch.float32, torch.bfloat16, torch.float16)
@@ -80,6 +80,19 @@ def stage_direct(q, k, v, g, beta, scale, initial_state, policy):
     state = torch.empty(s.B, s.HV, s.K, s.V, dtype=torch.float32, device=q.device)
     o = torch.empty(s.B, s.T, s.HV, s.V, dtype=out if out in DIRECT else torch.float32, device=q.device)
     return s, (q, k, v, g, beta), h0, state, o, out
+
+
+def check_direct(backend, tensors, o):
+    """The recurrence kernels' dtype contract: q, k, v (one dtype), g, beta and o each in DIRECT."""
+    from workbench.errors import KernelArgumentError
+
+    q, k, v, g, beta = tensors
+    for name, x in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta), ("o", o)):
+        if x.dtype not in DIRECT:
+            raise KernelArgumentError(f"{name}: the {backend} recurrence reads and writes {list(DIRECT)}, got "
+                                      f"{x.dtype}", key=name)
+    if k.dtype != q.dtype or v.dtype != q.dtype:
+        raise KernelArgumentError(f"q, k, v: one dtype for all three, got {[q.dtype, k.dtype, v.dtype]}", key="q")
 
 
 def empty_result(h0, state):

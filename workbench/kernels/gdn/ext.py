@@ -5,7 +5,10 @@ run the CUDA build (nvcc, ``-gencode=arch=compute_90a,code=sm_90a`` by default) 
 stream. Both compute in float32 storage with dot products accumulated in ``policy.accum_dtype``
 (fp32 or fp64); the state stays float32 (``state_dtype`` other than fp32 is refused by the
 dispatcher, from ``KNOBS``), inputs are materialized in ``policy.input_dtype`` when set, o is
-rounded to ``policy.output_dtype`` (None: v's dtype). The helper ops are not implemented here
+rounded to ``policy.output_dtype`` (None: v's dtype). The recurrence (decode and prefill) takes
+no staging copies: its kernels read q, k, v, g and beta in float32 / bf16 / fp16 as given, apply
+``qk_l2norm`` themselves, start from the initial state where it lies and write o in its dtype
+(:func:`workbench.kernels.gdn._launch.stage_direct`). The helper ops are not implemented here
 (``fallback="torch"`` runs torch's, recorded).
 
 The CUDA chunked form has two paths (``cuda_path``): ``scalar`` (plain fp32 FMAs, the element code
@@ -32,7 +35,7 @@ from workbench.errors import KernelArgumentError, PolicyError
 from workbench.kernels import _abi, _native
 from workbench.kernels._abi import GdnArgs
 from workbench.kernels.gdn._checks import l2norm
-from workbench.kernels.gdn._launch import DIRECT, empty_result, stage, stage_direct
+from workbench.kernels.gdn._launch import check_direct, empty_result, stage, stage_direct
 from workbench.kernels.registry import backend_op, note_path
 from workbench.numerics.dtypes import native_code, torch_dtype
 from workbench.numerics.policy import requested_cuda_path
@@ -266,13 +269,8 @@ def launch(op, s, C, acc64, tensors, state, o, path="scalar", qk_l2norm=False, h
 
 def _recurrence_args(a, tensors, o, state, h0, zero_state, qk_l2norm):
     """Fill the recurrence's dtype codes, initial state and norm flag of GdnArgs ``a``."""
-    q, k, v, g, beta = tensors
-    for name, x in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta), ("o", o)):
-        if x.dtype not in DIRECT:
-            raise KernelArgumentError(f"{name}: the recurrence reads and writes {list(DIRECT)}, got {x.dtype}",
-                                      key=name)
-    if k.dtype != q.dtype or v.dtype != q.dtype:
-        raise KernelArgumentError(f"q, k, v: one dtype for all three, got {[q.dtype, k.dtype, v.dtype]}", key="q")
+    check_direct("ext", tensors, o)
+    q, _, _, g, beta = tensors
     if h0 is not None:
         if h0.dtype != torch.float32 or not h0.is_contiguous() or h0.shape != state.shape:
             raise KernelArgumentError(f"h0: expected a contiguous float32 tensor of shape {tuple(state.shape)}, got "

@@ -32,7 +32,7 @@ import torch
 
 from workbench.errors import KernelArgumentError
 # the helper ops run through the torch implementation (same keyword signatures)
-from workbench.kernels.gdn._launch import empty_result, stage, stage_direct
+from workbench.kernels.gdn._launch import check_direct, empty_result, stage, stage_direct
 from workbench.kernels.registry import backend_op, note_path
 from workbench.kernels.gdn._varlen import per_sequence
 
@@ -141,7 +141,7 @@ def _recurrent_src(K: int, BV: int, DQ: int = 0, DG: int = 0, DB: int = 0, DO: i
         w = tid // BV
         c = cuda.blockIdx.y * BV + lane
         active = c < V
-        # unsigned flat indices: numba adds no negative-index wraparound to them (fewer registers)
+        # unsigned flat indices: numba adds no negative-index wraparound to them
         base = uint64((bh * K + w * RK) * V + c)
         for i in range(RK):  # all state loads first, so they are in flight together
             if INIT == INIT_ZERO or not active:
@@ -444,13 +444,8 @@ def recurrence(s, tensors, state, o, h0=None, zero_state=False, qk_l2norm=False)
     if s.K % NS:
         raise KernelArgumentError(f"q: expected K divisible by {NS} for backend 'numba', got "
                                   f"K={s.K}", key="q", fix="use backend='torch' or 'ext'")
+    check_direct("numba", tensors, o)
     q, k, v, g, beta = tensors
-    for name, x in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta), ("o", o)):
-        if x.dtype not in _DT_CODE:
-            raise KernelArgumentError(f"{name}: the numba recurrence reads and writes {list(_DT_CODE)}, got "
-                                      f"{x.dtype}", key=name)
-    if k.dtype != q.dtype or v.dtype != q.dtype:
-        raise KernelArgumentError(f"q, k, v: one dtype for all three, got {[q.dtype, k.dtype, v.dtype]}", key="q")
     if h0 is not None and h0.data_ptr() == state.data_ptr():
         h0 = None
     init = INIT_ZERO if zero_state else (INIT_H0 if h0 is not None else INIT_STATE)
