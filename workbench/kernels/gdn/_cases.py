@@ -7,6 +7,8 @@ the delta rule with unnormalized keys is unstable over long sequences.
 
 from __future__ import annotations
 
+import importlib
+
 import torch
 import torch.nn.functional as F
 
@@ -136,7 +138,7 @@ def direct_selfcheck(backend: str, device: str = "cpu", seed: int = 0, full: boo
     gdts = (torch.float32, torch.bfloat16, torch.float16) if full else (torch.float32, torch.bfloat16)
     states = (False, True) if full else (True,)
 
-    mod = __import__(f"workbench.kernels.gdn.{'ext' if backend == 'ext' else 'numba_cuda'}", fromlist=["x"])
+    mod = importlib.import_module(f"workbench.kernels.gdn.{'ext' if backend == 'ext' else 'numba_cuda'}")
     bad, worst_o, worst_s, n = [], 0.0, 0.0, 0
     for dt in dts:
         for gdt in gdts:

@@ -8,12 +8,13 @@ from __future__ import annotations
 import torch
 
 from workbench.kernels.gdn._checks import check_gdn, l2norm, resolve_chunk
-from workbench.numerics.dtypes import torch_dtype
+from workbench.numerics.dtypes import native_code, torch_dtype
 
 __all__ = ["stage", "stage_direct", "check_direct", "empty_result", "DIRECT"]
 
-# dtypes the recurrence kernels (ext and numba) read (q, k, v, g, beta) and write (o) as given
-DIRECT = (torch.float32, torch.bfloat16, torch.float16)
+# dtypes the recurrence kernels (ext and numba) read (q, k, v, g, beta) and write (o) as given,
+# with the native ABI's code of each (fp32 0, bf16 1, fp16 2) that selects the load and the store
+DIRECT = {t: native_code(t) for t in (torch.float32, torch.bfloat16, torch.float16)}
 
 
 def stage(backend, q, k, v, g, beta, scale, initial_state, qk_l2norm, policy, chunk_size=None,

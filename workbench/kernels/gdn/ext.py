@@ -35,7 +35,7 @@ from workbench.errors import KernelArgumentError, PolicyError
 from workbench.kernels import _abi, _native
 from workbench.kernels._abi import GdnArgs
 from workbench.kernels.gdn._checks import l2norm
-from workbench.kernels.gdn._launch import check_direct, empty_result, stage, stage_direct
+from workbench.kernels.gdn._launch import DIRECT, check_direct, empty_result, stage, stage_direct
 from workbench.kernels.registry import backend_op, note_path
 from workbench.numerics.dtypes import native_code, torch_dtype
 from workbench.numerics.policy import requested_cuda_path
@@ -128,6 +128,12 @@ def cuda_path(s, C, acc64, input_dtype=None, policy_path: str = "auto") -> str:
     return want
 
 
+def _refuse_mma(op: str, q: torch.Tensor):
+    raise PolicyError(f"policy.cuda_path='mma': the tensor-core path exists for the CUDA chunked form only, "
+                      f"not for {op} on {q.device.type} tensors", key="cuda_path",
+                      fix="use cuda_path='auto' or 'scalar'")
+
+
 class Staged(NamedTuple):
     """What ``recurrent`` / ``chunked`` hand to :func:`launch` (see :func:`staged`)."""
     s: object             # the checked shape
@@ -154,9 +160,7 @@ def staged(op, q, k, v, g, beta, scale=None, initial_state=None, qk_l2norm=False
     if op == "chunked" and tensors[0].is_cuda:
         path = cuda_path(s, C, acc64, torch_dtype(p.input_dtype) if p.input_dtype else q.dtype, p.cuda_path)
     elif p.cuda_path == "mma":
-        raise PolicyError(f"policy.cuda_path='mma': the tensor-core path exists for the CUDA chunked form only, "
-                          f"not for {op} on {tensors[0].device.type} tensors", key="cuda_path",
-                          fix="use cuda_path='auto' or 'scalar'")
+        _refuse_mma(op, tensors[0])
     note_path(path)
     if not (path == "mma" and tensors[0].dtype in (torch.bfloat16, torch.float16)):
         tensors = (*(x.to(torch.float32).contiguous() for x in tensors[:3]), *tensors[3:])
@@ -172,9 +176,7 @@ def _recurrent(q, k, v, g, beta, scale, initial_state, qk_l2norm, policy):
     the final state to a new tensor and o in the output dtype."""
     p = policy
     if p.cuda_path == "mma":
-        raise PolicyError(f"policy.cuda_path='mma': the tensor-core path exists for the CUDA chunked form only, "
-                          f"not for recurrent on {q.device.type} tensors", key="cuda_path",
-                          fix="use cuda_path='auto' or 'scalar'")
+        _refuse_mma("recurrent", q)
     note_path("scalar")
     s, tensors, h0, state, o, out = stage_direct(q, k, v, g, beta, scale, initial_state, p)
     if s.T == 0 or s.B == 0:
@@ -277,7 +279,7 @@ def _recurrence_args(a, tensors, o, state, h0, zero_state, qk_l2norm):
                                       f"{h0.dtype} {tuple(h0.shape)}", key="initial_state")
         if h0.data_ptr() == state.data_ptr():
             h0 = None  # the same buffer: the state is read and written in place
-    a.in_dtype, a.g_dtype, a.beta_dtype, a.o_dtype = (MMA_OUT[x.dtype] for x in (q, g, beta, o))
+    a.in_dtype, a.g_dtype, a.beta_dtype, a.o_dtype = (DIRECT[x.dtype] for x in (q, g, beta, o))
     a.h0 = h0.data_ptr() if h0 is not None else None
     a.zero_state, a.qk_l2norm = int(bool(zero_state)), int(bool(qk_l2norm))
 

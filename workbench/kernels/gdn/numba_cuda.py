@@ -32,7 +32,7 @@ import torch
 
 from workbench.errors import KernelArgumentError
 # the helper ops run through the torch implementation (same keyword signatures)
-from workbench.kernels.gdn._launch import check_direct, empty_result, stage, stage_direct
+from workbench.kernels.gdn._launch import DIRECT, check_direct, empty_result, stage, stage_direct
 from workbench.kernels.registry import backend_op, note_path
 from workbench.kernels.gdn._varlen import per_sequence
 
@@ -88,7 +88,6 @@ def is_available() -> tuple[bool, str]:
 
 # array types of the dtype codes the recurrence reads and writes (bf16 travels as int16 bits)
 _ARR = {0: "float32", 1: "int16", 2: "float16"}
-_DT_CODE = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 INIT_STATE, INIT_H0, INIT_ZERO = 0, 1, 2   # the recurrence's initial state: in place, from h0, zeros
 
 
@@ -437,20 +436,24 @@ def _flat(x: torch.Tensor) -> torch.Tensor:
     return x.view(torch.int16) if x.dtype == torch.bfloat16 else x
 
 
+def _check_k(s) -> None:
+    if s.K % NS:
+        raise KernelArgumentError(f"q: expected K divisible by {NS} for backend 'numba', got "
+                                  f"K={s.K}", key="q", fix="use backend='torch' or 'ext'")
+
+
 def recurrence(s, tensors, state, o, h0=None, zero_state=False, qk_l2norm=False):
     """Run the recurrence on contiguous tensors: q, k, v (one dtype), g, beta in float32, bf16 or
     fp16, o in one of them; the initial state from ``h0`` (float32, not ``state``), zeros
     (``zero_state``) or ``state`` itself; the final state in ``state`` (float32)."""
-    if s.K % NS:
-        raise KernelArgumentError(f"q: expected K divisible by {NS} for backend 'numba', got "
-                                  f"K={s.K}", key="q", fix="use backend='torch' or 'ext'")
+    _check_k(s)
     check_direct("numba", tensors, o)
     q, k, v, g, beta = tensors
     if h0 is not None and h0.data_ptr() == state.data_ptr():
         h0 = None
     init = INIT_ZERO if zero_state else (INIT_H0 if h0 is not None else INIT_STATE)
     bv = _config(s.K, s.V, 0)["bv"]
-    codes = tuple(_DT_CODE[x.dtype] for x in (q, g, beta, o))
+    codes = tuple(DIRECT[x.dtype] for x in (q, g, beta, o))
     kern = _recurrence(s.K, bv, codes, init, bool(qk_l2norm))
     st = _flat(state)
     _go(kern, (s.B * s.HV, (s.V + bv - 1) // bv), _slices(s.K) * bv,
@@ -477,9 +480,7 @@ def launch(name, s, C, tensors, state, o):
     if name in ("decode", "recurrent"):
         recurrence(s, tensors, state, o)
         return
-    if s.K % NS:
-        raise KernelArgumentError(f"q: expected K divisible by {NS} for backend 'numba', got "
-                                  f"K={s.K}", key="q", fix="use backend='torch' or 'ext'")
+    _check_k(s)
     q, k, v, g, beta = tensors
     dev = q.device
     cfg = _config(s.K, s.V, C)
