@@ -170,6 +170,52 @@ __device__ __forceinline__ void gemm_to(float (&acc)[MT][NT][4], const float* A,
     kstep<MT, NT, AI, AK, BK, BN, false, false>(acc, A + k0 * AK, B + k0 * BK);
 }
 
+// Two products sharing the B operand: acc1 += A1 B and acc2 += A2 B over depth kd (a multiple of
+// 8; KD when known at compile time, else kd), one warp, 16 rows of each A, operands already
+// exact in tf32 or rounded at the load (CA: float32 A; CB: float32 B), B's fragments loaded once.
+template <int NT, int KD, int AI, int AK, int BK, int BN, bool CA, bool CB, typename TA,
+          typename TB>
+__device__ __forceinline__ void gemm_pair(float (&acc1)[1][NT][4], float (&acc2)[1][NT][4],
+                                          const TA* A1, const TA* A2, const TB* B, int kd,
+                                          int lane) {
+  const int g = lane >> 2, t = lane & 3;
+  A1 += g * AI + 2 * t * AK;
+  A2 += g * AI + 2 * t * AK;
+  B += 2 * t * BK + g * BN;
+  constexpr bool ca = CA && is_f32<TA>, cb = CB && is_f32<TB>;
+  auto step = [&](int k0) {
+    uint32_t a1[4], a2[4];
+    const TA* p1 = A1 + k0 * AK;
+    const TA* p2 = A2 + k0 * AK;
+    static_assert(AK == 1, "A rows with k contiguous");
+    const float2 l1 = ld2(p1), h1 = ld2(p1 + 8 * AI), l2 = ld2(p2), h2 = ld2(p2 + 8 * AI);
+    a1[0] = opnd<ca>(l1.x); a1[2] = opnd<ca>(l1.y); a1[1] = opnd<ca>(h1.x); a1[3] = opnd<ca>(h1.y);
+    a2[0] = opnd<ca>(l2.x); a2[2] = opnd<ca>(l2.y); a2[1] = opnd<ca>(h2.x); a2[3] = opnd<ca>(h2.y);
+#pragma unroll
+    for (int n = 0; n < NT; ++n) {
+      const TB* p = B + k0 * BK + n * 8 * BN;
+      uint32_t b0, b1;
+      if constexpr (BK == 1) {
+        const float2 x = ld2(p);
+        b0 = opnd<cb>(x.x);
+        b1 = opnd<cb>(x.y);
+      } else {
+        b0 = opnd<cb>(to_f(p[0]));
+        b1 = opnd<cb>(to_f(p[BK]));
+      }
+      mma8(acc1[0][n], a1, b0, b1);
+      mma8(acc2[0][n], a2, b0, b1);
+    }
+  };
+  if constexpr (KD > 0) {
+#pragma unroll
+    for (int k0 = 0; k0 < KD; k0 += 8) step(k0);
+  } else {
+#pragma unroll 2
+    for (int k0 = 0; k0 < kd; k0 += 8) step(k0);
+  }
+}
+
 template <int MT, int NT>
 __device__ __forceinline__ void zero(float (&acc)[MT][NT][4]) {
 #pragma unroll
@@ -206,59 +252,6 @@ __device__ __forceinline__ void load_tile(T* dst, const T* src, long sst, int L,
       const int r = idx / C4, c = (idx % C4) * E;
       if (r < L) cp16(dst + r * LD + c, src + r * sst + c);
       else *reinterpret_cast<float4*>(dst + r * LD + c) = make_float4(0.f, 0.f, 0.f, 0.f);
-    }
-  }
-}
-
-// The same into float32 shared rows: float32 sources by cp.async (load_tile), bf16 / fp16
-// sources by 16-byte loads widened to float32 here (synchronous).
-template <int ROWS, int COLS, int LD, typename T>
-__device__ __forceinline__ void load_tile_f32(float* dst, const T* src, long sst, int L, int tid) {
-  if constexpr (is_f32<T>) {
-    load_tile<ROWS, COLS, LD>(dst, src, sst, L, tid);
-  } else {
-    constexpr int C8 = COLS / 8, N = ROWS * C8, IT = (N + kThreads - 1) / kThreads;
-    static_assert(COLS % 8 == 0, "16-byte pieces");
-    uint4 raw[IT];
-#pragma unroll
-    for (int it = 0; it < IT; ++it) {  // every load in flight before the first is used
-      const int idx = tid + it * kThreads, r = idx / C8, c = (idx % C8) * 8;
-      raw[it] = (N % kThreads == 0 || idx < N) && r < L
-                    ? __ldg(reinterpret_cast<const uint4*>(src + r * sst + c))
-                    : make_uint4(0u, 0u, 0u, 0u);
-    }
-#pragma unroll
-    for (int it = 0; it < IT; ++it) {
-      const int idx = tid + it * kThreads, r = idx / C8, c = (idx % C8) * 8;
-      if (N % kThreads == 0 || idx < N) {
-        const T* e = reinterpret_cast<const T*>(&raw[it]);
-        float4* d = reinterpret_cast<float4*>(dst + r * LD + c);
-        d[0] = make_float4(to_f(e[0]), to_f(e[1]), to_f(e[2]), to_f(e[3]));
-        d[1] = make_float4(to_f(e[4]), to_f(e[5]), to_f(e[6]), to_f(e[7]));
-      }
-    }
-  }
-}
-
-// Round to tf32, in place, the pieces this thread copied with load_tile (after its cp.async wait:
-// a thread sees its own copies without a barrier).
-template <int ROWS, int COLS, int LD>
-__device__ __forceinline__ void round_tile(float* t, int L, int tid) {
-  constexpr int C4 = COLS / 4, N = ROWS * C4;
-#pragma unroll
-  for (int it = 0; it < (N + kThreads - 1) / kThreads; ++it) {
-    const int idx = tid + it * kThreads;
-    if (N % kThreads == 0 || idx < N) {
-      const int r = idx / C4, c = (idx % C4) * 4;
-      if (r < L) {
-        float4* p = reinterpret_cast<float4*>(t + r * LD + c);
-        float4 x = *p;
-        x.x = rtf32(x.x);
-        x.y = rtf32(x.y);
-        x.z = rtf32(x.z);
-        x.w = rtf32(x.w);
-        *p = x;
-      }
     }
   }
 }
@@ -303,24 +296,14 @@ mma_l2_norms(const QT* __restrict__ q, const QT* __restrict__ k, float* __restri
 
 // ------------------------------------------------------------------------------------ prepare
 
-template <int K, int V>
-struct PrepSmem {
-  static constexpr int SK = K + 8, SV = V + 4;
-  static constexpr int Ks = 0, Vs = Ks + kC * SK, As = Vs + kC * SV, Xs = As + kC * kPS,
-                       gc = Xs + kC * kPS, bt = gc + kC, fk = bt + kC, nk = fk + kC,
-                       floats = nk + kC;
-};
-
 // One warp, 32 columns of R (row stride LDR; the tf32 right-hand sides, replaced in place by the
 // solution): (I + A) Y = R by blocked forward substitution over the four 16-row blocks,
 //   T = R_I - sum_{J<I} A_IJ Y_J (tf32 operands, float32 sums), Y_I = (I + A_II)^-1 T,
 // with A's blocks below the diagonal blocks and the inverse diagonal blocks Xd (row stride kPS)
-// already rounded to tf32. Y rows < L go to out (row stride ldo) as float32, or rounded to tf32
-// when round_out (an operand only).
+// already rounded to tf32. Y (rounded to tf32) goes to out (row stride ldo), every row.
 template <int LDR>
 __device__ __forceinline__ void solve_block_columns(const float* As, const float* Xd, float* R,
-                                                    float* out, long ldo, bool round_out, int L,
-                                                    int lane) {
+                                                    float* out, long ldo, int lane) {
   const int gq = lane >> 2, tq = lane & 3;
 #pragma unroll
   for (int I = 0; I < 4; ++I) {
@@ -345,38 +328,59 @@ __device__ __forceinline__ void solve_block_columns(const float* As, const float
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf) {
         const int i = 16 * I + gq + 8 * hf, c = nt * 8 + 2 * tq;
-        const float y0 = y[0][nt][2 * hf], y1 = y[0][nt][2 * hf + 1];
-        const float2 yr = make_float2(rtf32(y0), rtf32(y1));
+        const float2 yr = make_float2(rtf32(y[0][nt][2 * hf]), rtf32(y[0][nt][2 * hf + 1]));
         *reinterpret_cast<float2*>(R + i * LDR + c) = yr;
-        if (i < L) *reinterpret_cast<float2*>(out + i * ldo + c) = round_out ? yr : make_float2(y0, y1);
+        *reinterpret_cast<float2*>(out + i * ldo + c) = yr;
       }
     __syncwarp();  // Y_I is visible to the warp before the next block reads it
   }
 }
 
-template <int K, int V, typename QT>
+constexpr int kTS = kC + 4;  // row stride of the right-hand sides (4 mod 16: B operands)
+
+template <int K, typename QT>
+struct PrepSmem {
+  static constexpr int SK = K + 8;  // key and query rows (QT elements)
+  static constexpr int QK = kC * SK * (int)sizeof(QT) / 4;
+  static constexpr int Ks = 0, Qs = Ks + QK, As = Qs + QK, Xs = As + kC * kPS, Ts = Xs + kC * kPS,
+                       Ps = Ts + kC * kTS, gc = Ps + kC * kPS, bt = gc + kC, nq = bt + kC,
+                       nk = nq + kC, floats = nk + kC;
+};
+
+// Per (b, hv, chunk), all chunks in parallel: the cumulative decays gc (to gcum), Tinv =
+// (I + A)^-1 and PT = P Tinv (to tinv: [64][64] each per chunk, Tinv then PT, rounded to tf32;
+// both lower triangular, Tinv with a unit diagonal and identity rows past the chunk's end), with
+// P = (Q K^T) * exp(gc_i - gc_j) (lower, with the diagonal; rounded to tf32). A and P by mma from
+// the raw keys and queries (rounded at the fragment loads), scaled after by the L2-norm factors;
+// the 16 x 16 diagonal blocks of (I + A)^-1 in float32 (warps 0-1, gdn_mma.h); the identity's
+// columns by blocked forward substitution (warps 0-1, 32 columns each) while warps 2-7 form P;
+// then PT by mma (every warp, one 16 x 32 tile).
+template <int K, typename QT>
 __global__ void __launch_bounds__(kThreads, 2)
-mma_prepare(const QT* __restrict__ k, const QT* __restrict__ v, const float* __restrict__ g,
-            const float* __restrict__ beta, const float* __restrict__ nk,
-            float* __restrict__ gcum, float* __restrict__ W,
-            float* __restrict__ U, int T, int H, int HV, int NC) {
-  using S = PrepSmem<K, V>;
-  constexpr int SK = S::SK, SV = S::SV;
+mma_prepare(const QT* __restrict__ q, const QT* __restrict__ k, const float* __restrict__ g,
+            const float* __restrict__ beta, const float* __restrict__ nq,
+            const float* __restrict__ nk, float* __restrict__ gcum, float* __restrict__ tinv,
+            int T, int H, int HV, int NC) {
+  using S = PrepSmem<K, QT>;
+  constexpr int SK = S::SK;
   extern __shared__ float4 smem4[];
   float* sm = reinterpret_cast<float*>(smem4);
-  float* Ks = sm + S::Ks;  // [C][SK]  keys, then tf32(beta exp(gc) K), then W (tf32)
-  float* Vs = sm + S::Vs;  // [C][SV]  values, then tf32(beta V), then tf32(U)
+  QT* Ks = reinterpret_cast<QT*>(sm + S::Ks);  // [C][SK] keys as given
+  QT* Qs = reinterpret_cast<QT*>(sm + S::Qs);  // [C][SK] queries as given
   float* As = sm + S::As;  // [C][PS]  A (strictly lower), float32; below the diagonal blocks tf32
   float* Xs = sm + S::Xs;  // [C][PS]  the diagonal blocks of (I + A)^-1, tf32
+  float* Ts = sm + S::Ts;  // [C][TS]  the identity, then (I + A)^-1 (tf32)
+  float* Ps = sm + S::Ps;  // [C][PS]  tf32(P)
   float* gc = sm + S::gc;  // [C] cumulative log decay
   float* bt = sm + S::bt;  // [C] beta
-  float* fk = sm + S::fk;  // [C] beta exp(gc) nk
-  float* nkv = sm + S::nk;  // [C] the keys' L2-norm factors (1: none)
+  float* nqv = sm + S::nq;  // [C] the L2-norm factors of the queries (1: none)
+  float* nkv = sm + S::nk;  // [C] and of the keys
   const int bh = blockIdx.x / NC, n = blockIdx.x % NC, b = bh / HV, hv = bh % HV;
   const int h = hv / (HV / H), t0 = n * kC, L = gdn::imin(kC, T - t0);
   const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, gq = lane >> 2, tq = lane & 3;
-  load_tile_f32<kC, K, SK>(Ks, k + gdn::qk_index(b, t0, h, T, H, K), (long)H * K, L, tid);
-  load_tile_f32<kC, V, SV>(Vs, v + gdn::v_index(b, t0, hv, T, HV, V), (long)HV * V, L, tid);
+  float* out = tinv + (long)blockIdx.x * 2 * kC * kC;  // Tinv, then PT
+  load_tile<kC, K, SK>(Ks, k + gdn::qk_index(b, t0, h, T, H, K), (long)H * K, L, tid);
+  load_tile<kC, K, SK>(Qs, q + gdn::qk_index(b, t0, h, T, H, K), (long)H * K, L, tid);
   cp_commit();
   if (w == 0) {  // inclusive scan of g over the chunk, two steps per lane
     const int i0 = 2 * lane, i1 = i0 + 1;
@@ -391,20 +395,20 @@ mma_prepare(const QT* __restrict__ k, const QT* __restrict__ v, const float* __r
     float ex = __shfl_up_sync(0xffffffffu, s, 1);
     if (lane == 0) ex = 0.f;
     const float c0 = ex + a0, c1 = c0 + a1;
-    const float b0 = i0 < L ? beta[gdn::gate_index(b, t0 + i0, hv, T, HV)] : 0.f;
-    const float b1 = i1 < L ? beta[gdn::gate_index(b, t0 + i1, hv, T, HV)] : 0.f;
     gc[i0] = c0;
     gc[i1] = c1;
-    bt[i0] = b0;
-    bt[i1] = b1;
-    const float n0 = i0 < L ? norm_at(nk, qk_row(b, t0 + i0, h, T, H)) : 1.f;
-    const float n1 = i1 < L ? norm_at(nk, qk_row(b, t0 + i1, h, T, H)) : 1.f;
-    nkv[i0] = n0;
-    nkv[i1] = n1;
-    fk[i0] = b0 * expf(c0) * n0;
-    fk[i1] = b1 * expf(c1) * n1;
+    bt[i0] = i0 < L ? beta[gdn::gate_index(b, t0 + i0, hv, T, HV)] : 0.f;
+    bt[i1] = i1 < L ? beta[gdn::gate_index(b, t0 + i1, hv, T, HV)] : 0.f;
     if (i0 < L) gcum[gdn::ws_row(b, hv, t0 + i0, HV, T)] = c0;
     if (i1 < L) gcum[gdn::ws_row(b, hv, t0 + i1, HV, T)] = c1;
+  } else if (w == 1) {  // the L2-norm factors of the chunk's queries and keys
+    for (int i = lane; i < kC; i += 32) {
+      nqv[i] = i < L ? norm_at(nq, qk_row(b, t0 + i, h, T, H)) : 1.f;
+      nkv[i] = i < L ? norm_at(nk, qk_row(b, t0 + i, h, T, H)) : 1.f;
+    }
+  } else {  // the identity, the right-hand sides of the substitution
+    for (int idx = tid - 64; idx < kC * kC; idx += kThreads - 64)
+      Ts[(idx / kC) * kTS + idx % kC] = idx / kC == idx % kC ? 1.f : 0.f;
   }
   cp_wait<0>();
   __syncthreads();
@@ -431,75 +435,99 @@ mma_prepare(const QT* __restrict__ k, const QT* __restrict__ v, const float* __r
     gdn::inverse_diag16_column(As, kPS, o, j, x);
 #pragma unroll
     for (int i = 0; i < 16; ++i) Xs[(o + i) * kPS + o + j] = rtf32(x[i]);
-  } else {  // warps 2-7: the right-hand sides, rounded: tf32(beta exp(gc) K), tf32(beta V)
-    constexpr int K4 = K / 4, V4 = V / 4;
-    for (int idx = tid - 64; idx < kC * K4; idx += kThreads - 64) {
-      const int r = idx / K4, c = (idx % K4) * 4;
-      float4* p = reinterpret_cast<float4*>(Ks + r * SK + c);
-      const float4 x = *p;
-      const float f = fk[r];
-      *p = make_float4(rtf32(x.x * f), rtf32(x.y * f), rtf32(x.z * f), rtf32(x.w * f));
-    }
-    for (int idx = tid - 64; idx < kC * V4; idx += kThreads - 64) {
-      const int r = idx / V4, c = (idx % V4) * 4;
-      float4* p = reinterpret_cast<float4*>(Vs + r * SV + c);
-      const float4 x = *p;
-      const float f = bt[r];
-      *p = make_float4(rtf32(x.x * f), rtf32(x.y * f), rtf32(x.z * f), rtf32(x.w * f));
-    }
+    // (I + A)^-1, 32 columns per warp: warp 0 formed diagonal blocks 0-1 and warp 1 blocks 2-3,
+    // and each warp's substitution reads all four, so the two warps meet first (named barrier)
+    asm volatile("bar.sync 1, 64;" ::: "memory");
+    solve_block_columns<kTS>(As, Xs, Ts + 32 * w, out + 32 * w, kC, lane);
+  } else {  // warps 2-7: P, one 16 x 32 tile each of the six on or below the diagonal
+    const int x = w - 2, i0 = x < 4 ? 16 * x : 16 * (x - 2), j0 = x < 4 ? 0 : 32;
+    float pa[1][4][4];
+    zero(pa);
+    gemm<1, 4, K, SK, 1, 1, SK, true, true>(pa, Qs + i0 * SK, Ks + j0 * SK, lane);
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const int i = i0 + gq + 8 * (r >> 1), j = j0 + nt * 8 + 2 * tq + (r & 1);
+        Ps[i * kPS + j] =
+            j <= i ? rtf32(pa[0][nt][r] * (nqv[i] * nkv[j]) * expf(gc[i] - gc[j])) : 0.f;
+      }
   }
   __syncthreads();
-  // W = (I + A)^-1 (beta exp(gc) K) (stored rounded: an operand only), U = (I + A)^-1 (beta V)
-  // (float32), 32 columns of [K | V] per warp, no block-wide barrier
-  for (int cb = w; cb < (K + V) / 32; cb += 8) {
-    const long row = gdn::ws_row(b, hv, t0, HV, T);
-    if (cb * 32 < K)
-      solve_block_columns<SK>(As, Xs, Ks + cb * 32, W + row * K + cb * 32, K, true, L, lane);
-    else
-      solve_block_columns<SV>(As, Xs, Vs + cb * 32 - K, U + row * V + cb * 32 - K, V, false, L,
-                              lane);
+  {  // PT = P Tinv, rows 16 (w % 4).., columns 32 (w / 4).. (upper tiles: zeros, not computed)
+    const int i0 = (w & 3) * 16, j0 = (w >> 2) * 32;
+    float acc[1][4][4];
+    zero(acc);
+    if (j0 <= i0 + 15) gemm_to<1, 4, kPS, 1, kTS, 1>(acc, Ps + i0 * kPS, Ts + j0, i0 + 16, lane);
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        const int i = i0 + gq + 8 * hf, c = j0 + nt * 8 + 2 * tq;
+        *reinterpret_cast<float2*>(out + kC * kC + i * kC + c) =
+            make_float2(rtf32(acc[0][nt][2 * hf]), rtf32(acc[0][nt][2 * hf + 1]));
+      }
   }
 }
 
-// --------------------------------------------------------------------------------- state pass
+// ------------------------------------------------------------------------------- the pass
 
-constexpr int kBV = 32;  // value columns per block of the state pass
+constexpr int kBV = 32;  // value columns per block of the pass
+constexpr int kSR = kBV + 4;  // row stride of the C x BV tiles R and U (4 mod 16: B operands)
 
-// One stage of the state pass: a chunk's W rows (A operand, k contiguous), keys (QT; the
-// transposed A operand of the state update), U tile and cumulative decays. Offsets in floats.
+// One stage of the pass (two, alternating): a chunk's keys (QT, as given), Tinv and PT (tf32,
+// from prepare), the block's value columns (QT), decays, beta and L2-norm factors. Offsets in
+// floats. float32 inputs take narrower strides (bank conflicts on some loads) so that two stages
+// fit in shared memory.
 template <int K, typename QT>
 struct PassStage {
-  static constexpr int SW = K + 8, SKK = is_f32<QT> ? K + 4 : K + 8, SQ = K + 8, SU = kBV + 8;
-  static constexpr int W = 0, Kk = W + kC * SW, U = Kk + kC * SKK * (int)sizeof(QT) / 4,
-                       G = U + kC * SU, NQ = G + kC, NK = NQ + kC, floats = NK + kC;
+  static constexpr int SKK = is_f32<QT> ? K + 4 : K + 8, SVT = is_f32<QT> ? kBV + 4 : kBV + 8;
+  static constexpr int Kk = 0, Tv = Kk + kC * SKK * (int)sizeof(QT) / 4, PTv = Tv + kC * kPS,
+                       Vt = PTv + kC * kPS, G = Vt + kC * SVT * (int)sizeof(QT) / 4, BT = G + kC,
+                       NQ = BT + kC, NK = NQ + kC, floats = NK + kC;
+  static_assert(Tv % 4 == 0 && Vt % 4 == 0 && G % 4 == 0, "16-byte stage rows");
 };
 
+// The stages, then the chunk's queries (one buffer: the next chunk's are copied once this one's
+// are used), the rounded state and the block's intermediates. Offsets in floats.
 template <int K, typename QT>
 struct PassSmem {
   using P = PassStage<K, QT>;
-  static constexpr int SST = K + 8, SUT = kC + 8;
-  static constexpr int Ss = 2 * P::floats, Ud = Ss + kBV * SST, Qs = Ud + kBV * SUT,
-                       floats = Qs + kC * P::SQ * (int)sizeof(QT) / 4;
+  static constexpr int SQ = is_f32<QT> ? K + 4 : K + 8, SST = is_f32<QT> ? K + 4 : K + 8,
+                       SUT = kC + 8;
+  static constexpr int Qs = 2 * P::floats, Ss = Qs + kC * SQ * (int)sizeof(QT) / 4,
+                       Ud = Ss + kBV * SST, Rs = Ud + kBV * SUT, floats = Rs + kC * kSR;
 };
 
-// 8 warps. W S: warp w owns rows 16 (w % 4).., columns 16 (w / 4).., its K-long sums split in two
-// halves (independent mma chains). The state update: K = 128, warp w owns state rows 16 w.. and
-// all 32 columns; K = 64, rows 16 (w % 4).., columns 16 (w / 4)..
+// The chunk recurrence after prepare, one block of 8 warps per (b, hv, 32 value columns),
+// sequential over chunks, the state tile in mma accumulators. Per chunk, from the state S before
+// it (rounded to tf32, in shared memory):
+//   R = beta (V - exp(gc) K S)            (the delta rule's residuals; rounded to tf32)
+//   U = Tinv R                            (= the W/U form's U - W S)
+//   o = scale (exp(gc) Q S + PT R)        (PT R = P U)
+//   S <- exp(gc_last) S + K^T (exp(gc_last - gc_j) U_j)
+// with the L2-norm factors of q and k folded into the products (exp(gc) nk K S, nq Q S, the keys
+// of the update; P has them from prepare). Warp w owns rows 16 (w % 4).. and columns 16 (w / 4)..
+// of R, U and o (K S and Q S share the fragments of S, Tinv R and PT R those of R), and the state
+// rows of the update (K = 128: rows 16 w.., all 32 columns; K = 64: rows 16 (w % 4).., columns
+// 16 (w / 4)..). Three block barriers a chunk; the next chunk's inputs are copied (cp.async) while
+// this one computes.
 template <int K, typename QT>
 __global__ void __launch_bounds__(kThreads, 1)
-mma_state_pass(const QT* __restrict__ q, const QT* __restrict__ k,
-               const float* __restrict__ nq, const float* __restrict__ nk,
-               const float* __restrict__ gcum, const float* __restrict__ W,
-               float* __restrict__ U, float* __restrict__ O1, float* __restrict__ state, int T,
-               int H, int HV, int V, int NC) {
+mma_pass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restrict__ v,
+         const float* __restrict__ beta, const float* __restrict__ nq,
+         const float* __restrict__ nk, const float* __restrict__ gcum,
+         const float* __restrict__ tinv, float* __restrict__ state, void* __restrict__ o, int T,
+         int H, int HV, int V, float scale, int odt, int NC) {
   using P = PassStage<K, QT>;
   using M = PassSmem<K, QT>;
-  constexpr int SST = M::SST, SUT = M::SUT, NT3 = K == 128 ? 4 : 2;
+  constexpr int SKK = P::SKK, SQ = M::SQ, SST = M::SST, SUT = M::SUT, NT3 = K == 128 ? 4 : 2;
   extern __shared__ float4 smem4[];
   float* sm = reinterpret_cast<float*>(smem4);
-  float* Ss = sm + M::Ss;  // [BV][SST]  tf32(state tile), transposed: the B operand of W S
-  float* Ud = sm + M::Ud;  // [BV][SUT]  tf32(exp(gc_last - gc_j) U_j), transposed
-  QT* Qs = reinterpret_cast<QT*>(sm + M::Qs);  // [C][SQ]  the chunk's queries (one stage)
+  float* Ss = sm + M::Ss;  // [BV][SST]  tf32(state tile), transposed: the B operand of K S, Q S
+  float* Ud = sm + M::Ud;  // [BV][SUT]  tf32(exp(gc_last - gc_j) nk_j U_j), transposed
+  float* Rs = sm + M::Rs;  // [C][SR]    tf32(R)
+  QT* Qs = reinterpret_cast<QT*>(sm + M::Qs);  // [C][SQ]  the chunk's queries as given
   const int b = blockIdx.x / HV, hv = blockIdx.x % HV, h = hv / (HV / H), c0 = blockIdx.y * kBV;
   const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, gq = lane >> 2, tq = lane & 3;
   const int r3 = K == 128 ? 16 * w : 16 * (w & 3), n3 = K == 128 ? 0 : 16 * (w >> 2);
@@ -518,106 +546,122 @@ mma_state_pass(const QT* __restrict__ q, const QT* __restrict__ k,
   auto issue = [&](int n) {
     const int t0 = n * kC, L = gdn::imin(kC, T - t0);
     float* sb = sm + (n & 1) * P::floats;
-    load_tile<kC, K, P::SW>(sb + P::W, W + gdn::ws_row(b, hv, t0, HV, T) * K, K, L, tid);
-    load_tile<kC, K, P::SKK>(reinterpret_cast<QT*>(sb + P::Kk),
-                             k + gdn::qk_index(b, t0, h, T, H, K), (long)H * K, L, tid);
-    load_tile<kC, kBV, P::SU>(sb + P::U, U + gdn::ws_row(b, hv, t0, HV, T) * V + c0, V, L, tid);
-    if (tid < kC) {  // 4-byte copies: a chunk's decays need not be 16-byte aligned
-      if (tid < L) cp4(sb + P::G + tid, gcum + gdn::ws_row(b, hv, t0 + tid, HV, T));
-      else sb[P::G + tid] = 0.f;
-    } else if (tid < 3 * kC) {  // the L2-norm factors of the chunk's queries and keys (1: none)
-      const int i = (tid - kC) % kC;
-      const float* nn = tid < 2 * kC ? nq : nk;
-      float* d = sb + (tid < 2 * kC ? P::NQ : P::NK) + i;
-      if (nn && i < L) cp4(d, nn + qk_row(b, t0 + i, h, T, H));
-      else *d = 1.f;
+    load_tile<kC, K, SKK>(reinterpret_cast<QT*>(sb + P::Kk), k + gdn::qk_index(b, t0, h, T, H, K),
+                          (long)H * K, L, tid);
+    load_tile<2 * kC, kC, kPS>(sb + P::Tv, tinv + ((long)blockIdx.x * NC + n) * 2 * kC * kC, kC,
+                               2 * kC, tid);  // Tinv and PT
+    load_tile<kC, kBV, P::SVT>(reinterpret_cast<QT*>(sb + P::Vt),
+                               v + gdn::v_index(b, t0, hv, T, HV, V) + c0, (long)HV * V, L, tid);
+    {  // 4-byte copies: per-row values need not be 16-byte aligned
+      const int i = tid % kC, part = tid / kC;
+      float* d = sb + P::G + part * kC + i;  // G, BT, NQ, NK in this order
+      if (i < L) {
+        if (part == 0) cp4(d, gcum + gdn::ws_row(b, hv, t0 + i, HV, T));
+        else if (part == 1) cp4(d, beta + gdn::gate_index(b, t0 + i, hv, T, HV));
+        else if (const float* nn = part == 2 ? nq : nk) cp4(d, nn + qk_row(b, t0 + i, h, T, H));
+        else *d = 1.f;
+      } else {
+        *d = part < 2 ? 0.f : 1.f;
+      }
     }
     cp_commit();
   };
   auto issue_q = [&](int n) {
     const int t0 = n * kC, L = gdn::imin(kC, T - t0);
-    load_tile<kC, K, P::SQ>(Qs, q + gdn::qk_index(b, t0, h, T, H, K), (long)H * K, L, tid);
+    load_tile<kC, K, SQ>(Qs, q + gdn::qk_index(b, t0, h, T, H, K), (long)H * K, L, tid);
     cp_commit();
   };
+  static_assert(4 * kC == kThreads, "one per-row value per thread");
   issue(0);
   issue_q(0);
   for (int n = 0; n < NC; ++n) {
     const int t0 = n * kC, L = gdn::imin(kC, T - t0);
-    if (n + 1 < NC) issue(n + 1);
-    // the state before this chunk, rounded, to shared memory (the B operand of W S and Q S)
+    // the state before this chunk, rounded, to shared memory (the B operand of K S and Q S)
 #pragma unroll
     for (int nt = 0; nt < NT3; ++nt)
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf) {
         const int r = r3 + gq + 8 * hf, c = n3 + nt * 8 + 2 * tq;
-        const float x0 = rtf32(s[0][nt][2 * hf]), x1 = rtf32(s[0][nt][2 * hf + 1]);
-        Ss[c * SST + r] = x0;
-        Ss[(c + 1) * SST + r] = x1;
+        Ss[c * SST + r] = rtf32(s[0][nt][2 * hf]);
+        Ss[(c + 1) * SST + r] = rtf32(s[0][nt][2 * hf + 1]);
       }
-    if (n + 1 < NC) cp_wait<1>();
-    else cp_wait<0>();
-    __syncthreads();
+    cp_wait<0>();
+    __syncthreads();  // this chunk's inputs and S are in place; the other stage is free
+    if (n + 1 < NC) issue(n + 1);
     const float* sb = sm + (n & 1) * P::floats;
-    const float* gc = sb + P::G;
+    const QT* Kc = reinterpret_cast<const QT*>(sb + P::Kk);
+    const QT* Vc = reinterpret_cast<const QT*>(sb + P::Vt);
+    const float *gc = sb + P::G, *bt = sb + P::BT, *nqv = sb + P::NQ, *nkv = sb + P::NK;
     const float gl = gc[L - 1];
-    {  // U <- U - W S (float32), stored rounded (an operand of phase 3 only)
-      float ws[1][2][4], w2[1][2][4];
-      zero(ws);
-      zero(w2);
-      const float* wa = sb + P::W + r1 * P::SW;
+    float o1[1][2][4];  // exp(gc_i) nq_i (Q S)_i, the inter-chunk part of o
+    {
+      // K S and Q S, each as two independent chains over K / 2, sharing S's fragments
+      float x[1][2][4], x2[1][2][4], y[1][2][4], y2[1][2][4];
+      zero(x);
+      zero(x2);
+      zero(y);
+      zero(y2);
       const float* sbn = Ss + n1 * SST;
-      gemm<1, 2, K / 2, P::SW, 1, 1, SST>(ws, wa, sbn, lane);
-      gemm<1, 2, K / 2, P::SW, 1, 1, SST>(w2, wa + K / 2, sbn + K / 2, lane);
-      {  // the inter-chunk part of o, O1 = exp(gc_i) q_i S (float32), for phase 3
-        float qs[1][2][4], q2[1][2][4];
-        zero(qs);
-        zero(q2);
-        const QT* qa = Qs + r1 * P::SQ;
-        gemm<1, 2, K / 2, P::SQ, 1, 1, SST, true>(qs, qa, sbn, lane);
-        gemm<1, 2, K / 2, P::SQ, 1, 1, SST, true>(q2, qa + K / 2, sbn + K / 2, lane);
-#pragma unroll
-        for (int hf = 0; hf < 2; ++hf) {
-          const int i = r1 + gq + 8 * hf;
-          if (i >= L) continue;
-          const float e = expf(gc[i]) * sb[P::NQ + i];
-#pragma unroll
-          for (int nt = 0; nt < 2; ++nt) {
-            const int c = n1 + nt * 8 + 2 * tq;
-            *reinterpret_cast<float2*>(O1 + gdn::ws_row(b, hv, t0 + i, HV, T) * V + c0 + c) =
-                make_float2(e * (qs[0][nt][2 * hf] + q2[0][nt][2 * hf]),
-                            e * (qs[0][nt][2 * hf + 1] + q2[0][nt][2 * hf + 1]));
-          }
-        }
-      }
+      gemm_pair<2, K / 2, SKK, 1, 1, SST, true, false>(x, y, Kc + r1 * SKK, Qs + r1 * SQ, sbn,
+                                                       0, lane);
+      gemm_pair<2, K / 2, SKK, 1, 1, SST, true, false>(x2, y2, Kc + r1 * SKK + K / 2,
+                                                       Qs + r1 * SQ + K / 2, sbn + K / 2, 0, lane);
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf) {
         const int i = r1 + gq + 8 * hf;
-        const float d = i < L ? expf(gl - gc[i]) * sb[P::NK + i] : 0.f;
+        const float eg = expf(gc[i]), ek = eg * nkv[i], eq = eg * nqv[i], bi = bt[i];
 #pragma unroll
         for (int nt = 0; nt < 2; ++nt) {
           const int c = n1 + nt * 8 + 2 * tq;
-          const float2 u = *reinterpret_cast<const float2*>(sb + P::U + i * P::SU + c);
-          const float x0 = u.x - (ws[0][nt][2 * hf] + w2[0][nt][2 * hf]);
-          const float x1 = u.y - (ws[0][nt][2 * hf + 1] + w2[0][nt][2 * hf + 1]);
-          if (i < L)
-            *reinterpret_cast<float2*>(U + gdn::ws_row(b, hv, t0 + i, HV, T) * V + c0 + c) =
-                make_float2(rtf32(x0), rtf32(x1));
-          Ud[c * SUT + i] = rtf32(d * x0);
-          Ud[(c + 1) * SUT + i] = rtf32(d * x1);
+          const float2 vv = ld2(Vc + i * P::SVT + c);
+          const float k0 = x[0][nt][2 * hf] + x2[0][nt][2 * hf];
+          const float k1 = x[0][nt][2 * hf + 1] + x2[0][nt][2 * hf + 1];
+          *reinterpret_cast<float2*>(Rs + i * kSR + c) =
+              make_float2(rtf32(bi * (vv.x - ek * k0)), rtf32(bi * (vv.y - ek * k1)));
+          o1[0][nt][2 * hf] = eq * (y[0][nt][2 * hf] + y2[0][nt][2 * hf]);
+          o1[0][nt][2 * hf + 1] = eq * (y[0][nt][2 * hf + 1] + y2[0][nt][2 * hf + 1]);
         }
       }
     }
-    __syncthreads();
-    if (n + 1 < NC) issue_q(n + 1);  // every warp is done with this chunk's queries
+    __syncthreads();  // R is complete; every warp is done with the queries
+    if (n + 1 < NC) issue_q(n + 1);
+    {  // U = Tinv R and PT R (both lower triangular: depth r1 + 16), sharing R's fragments
+      float u[1][2][4], y[1][2][4];
+      zero(u);
+      zero(y);
+      gemm_pair<2, 0, kPS, 1, kSR, 1, false, false>(u, y, sb + P::Tv + r1 * kPS,
+                                                    sb + P::PTv + r1 * kPS, Rs + n1, r1 + 16,
+                                                    lane);
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        const int i = r1 + gq + 8 * hf;
+        const float d = i < L ? expf(gl - gc[i]) * nkv[i] : 0.f;
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt) {
+          const int c = n1 + nt * 8 + 2 * tq;
+          Ud[c * SUT + i] = rtf32(d * u[0][nt][2 * hf]);
+          Ud[(c + 1) * SUT + i] = rtf32(d * u[0][nt][2 * hf + 1]);
+          if (i >= L) continue;
+          const long at = gdn::v_index(b, t0 + i, hv, T, HV, V) + c0 + c;
+          const float y0 = scale * (o1[0][nt][2 * hf] + y[0][nt][2 * hf]);
+          const float y1 = scale * (o1[0][nt][2 * hf + 1] + y[0][nt][2 * hf + 1]);
+          if (odt == 1)
+            reinterpret_cast<__nv_bfloat162*>(o)[at / 2] = __floats2bfloat162_rn(y0, y1);
+          else if (odt == 2)
+            reinterpret_cast<__half2*>(o)[at / 2] = __floats2half2_rn(y0, y1);
+          else
+            *reinterpret_cast<float2*>(static_cast<float*>(o) + at) = make_float2(y0, y1);
+        }
+      }
+    }
+    __syncthreads();  // Ud is complete
     // S <- exp(gc_last) S + K^T Ud (A(i, j) = K[j][i], raw keys rounded at the fragment load)
     const float el = expf(gl);
 #pragma unroll
     for (int nt = 0; nt < NT3; ++nt)
 #pragma unroll
       for (int r = 0; r < 4; ++r) s[0][nt][r] *= el;
-    gemm<1, NT3, kC, 1, P::SKK, 1, SUT, true, false>(
-        s, reinterpret_cast<const QT*>(sb + P::Kk) + r3, Ud + n3 * SUT, lane);
-    __syncthreads();
+    gemm<1, NT3, kC, 1, SKK, 1, SUT, true, false>(s, Kc + r3, Ud + n3 * SUT, lane);
   }
 #pragma unroll
   for (int nt = 0; nt < NT3; ++nt)
@@ -629,114 +673,6 @@ mma_state_pass(const QT* __restrict__ q, const QT* __restrict__ k,
     }
 }
 
-// ------------------------------------------------------------------------------------- output
-
-// o = scale (O1 + P U), O1 = exp(gc_i) q_i S from the state pass. P is computed from the
-// rounded queries and keys and then written over them, so that a block needs at most about
-// 100 KB of shared memory and two fit on an SM. Offsets in floats.
-template <int K, int V, typename QT>
-struct OutSmem {
-  static constexpr int SK = K + 8, SV = V + 4, QK = kC * SK * (int)sizeof(QT) / 4;
-  static constexpr int Qs = 0, Ks = Qs + QK, Us = Ks + QK, gc = Us + kC * SV, nq = gc + kC,
-                       nk = nq + kC, floats = nk + kC;
-  static_assert(kC * kPS <= 2 * QK, "P fits where the queries and keys were");
-};
-
-template <int K, int V, typename QT>
-__global__ void __launch_bounds__(kThreads, 2)
-mma_output(const QT* __restrict__ q, const QT* __restrict__ k,
-             const float* __restrict__ nq, const float* __restrict__ nk,
-             const float* __restrict__ gcum, const float* __restrict__ U,
-             const float* __restrict__ O1, void* __restrict__ o, int T, int H, int HV,
-             float scale, int odt, int NC) {
-  using S = OutSmem<K, V, QT>;
-  constexpr int SK = S::SK, SV = S::SV, NB = (V / 32 + 1) / 2;
-  extern __shared__ float4 smem4[];
-  float* sm = reinterpret_cast<float*>(smem4);
-  QT* Qs = reinterpret_cast<QT*>(sm + S::Qs);  // [C][SK]  queries (float32: rounded in place)
-  QT* Ks = reinterpret_cast<QT*>(sm + S::Ks);  // [C][SK]  keys (likewise)
-  float* Ps = sm;          // [C][PS]  tf32(P), over the queries and keys once they are used
-  float* Us = sm + S::Us;  // [C][SV]  the chunk's U (rounded by the state pass)
-  float* gc = sm + S::gc;  // [C]
-  float* nqv = sm + S::nq;  // [C] the L2-norm factors of the chunk's queries (1: none)
-  float* nkv = sm + S::nk;  // [C] and keys
-  const int bh = blockIdx.x / NC, n = blockIdx.x % NC, b = bh / HV, hv = bh % HV;
-  const int h = hv / (HV / H), t0 = n * kC, L = gdn::imin(kC, T - t0);
-  const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, gq = lane >> 2, tq = lane & 3;
-  load_tile<kC, K, SK>(Qs, q + gdn::qk_index(b, t0, h, T, H, K), (long)H * K, L, tid);
-  load_tile<kC, K, SK>(Ks, k + gdn::qk_index(b, t0, h, T, H, K), (long)H * K, L, tid);
-  cp_commit();
-  load_tile<kC, V, SV>(Us, U + gdn::ws_row(b, hv, t0, HV, T) * V, V, L, tid);
-  cp_commit();
-  if (tid < kC) gc[tid] = tid < L ? gcum[gdn::ws_row(b, hv, t0 + tid, HV, T)] : 0.f;
-  else if (tid < 3 * kC) {
-    const int i = (tid - kC) % kC;
-    (tid < 2 * kC ? nqv : nkv)[i] =
-        i < L ? norm_at(tid < 2 * kC ? nq : nk, qk_row(b, t0 + i, h, T, H)) : 1.f;
-  }
-  // the warp's output tiles (16 rows x 32 columns, row block alternating as below) start from O1
-  float acc[NB][1][4][4];
-#pragma unroll
-  for (int jb = 0; jb < NB; ++jb) {
-    const int nb = (w >> 2) + 2 * jb, i0 = 16 * ((jb & 1) ? 3 - (w & 3) : (w & 3));
-#pragma unroll
-    for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-      for (int hf = 0; hf < 2; ++hf) {
-        const int i = i0 + gq + 8 * hf, c = nb * 32 + nt * 8 + 2 * tq;
-        float2 x = make_float2(0.f, 0.f);
-        if (nb < V / 32 && i < L)
-          x = *reinterpret_cast<const float2*>(O1 + gdn::ws_row(b, hv, t0 + i, HV, T) * V + c);
-        acc[jb][0][nt][2 * hf] = x.x;
-        acc[jb][0][nt][2 * hf + 1] = x.y;
-      }
-  }
-  cp_wait<1>();
-  if constexpr (is_f32<QT>) {
-    round_tile<kC, K, SK>(Qs, L, tid);
-    round_tile<kC, K, SK>(Ks, L, tid);
-  }
-  __syncthreads();
-  {  // P = (Q K^T) exp(gc_i - gc_j), lower triangle with the diagonal
-    const int i0 = (w & 3) * 16, n0 = (w >> 2) * 32;
-    float pa[1][4][4];
-    zero(pa);
-    if (n0 <= i0 + 15) gemm<1, 4, K, SK, 1, 1, SK>(pa, Qs + i0 * SK, Ks + n0 * SK, lane);
-    __syncthreads();  // every warp is done with the queries and keys
-#pragma unroll
-    for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-      for (int r = 0; r < 4; ++r) {
-        const int i = i0 + gq + 8 * (r >> 1), j = n0 + nt * 8 + 2 * tq + (r & 1);
-        Ps[i * kPS + j] = j <= i ? rtf32(pa[0][nt][r] * (nqv[i] * nkv[j]) * expf(gc[i] - gc[j]))
-                                 : 0.f;
-      }
-  }
-  cp_wait<0>();
-  __syncthreads();
-#pragma unroll
-  for (int jb = 0; jb < NB; ++jb) {
-    const int nb = (w >> 2) + 2 * jb, i0 = 16 * ((jb & 1) ? 3 - (w & 3) : (w & 3));
-    if (nb >= V / 32) continue;
-    gemm_to<1, 4, kPS, 1, SV, 1>(acc[jb], Ps + i0 * kPS, Us + nb * 32, i0 + 16, lane);
-#pragma unroll
-    for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-      for (int hf = 0; hf < 2; ++hf) {
-        const int i = i0 + gq + 8 * hf, c = nb * 32 + nt * 8 + 2 * tq;
-        if (i >= L) continue;
-        const long at = gdn::v_index(b, t0 + i, hv, T, HV, V) + c;
-        const float y0 = scale * acc[jb][0][nt][2 * hf], y1 = scale * acc[jb][0][nt][2 * hf + 1];
-        if (odt == 1)
-          reinterpret_cast<__nv_bfloat162*>(o)[at / 2] = __floats2bfloat162_rn(y0, y1);
-        else if (odt == 2)
-          reinterpret_cast<__half2*>(o)[at / 2] = __floats2half2_rn(y0, y1);
-        else
-          *reinterpret_cast<float2*>(static_cast<float*>(o) + at) = make_float2(y0, y1);
-      }
-  }
-}
-
 // ----------------------------------------------------------------------------------- launcher
 
 template <typename F>
@@ -744,59 +680,40 @@ cudaError_t allow_smem(F* kernel, size_t bytes) {
   return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
 }
 
-template <int K, int V, typename QT>
-int launch_mma(const QT* q, const QT* k, const QT* v, const float* g, const float* beta, void* o,
-               float* state, float* gcum, float* W, float* U, float* O1, float* nq, float* nk,
-               int B, int T, int H, int HV, float scale, int odt, cudaStream_t s) {
+template <int K, typename QT>
+int launch_mma(const void* qv, const void* kv, const void* vv, const float* g, const float* beta,
+               void* o, float* state, float* gcum, float* tinv, float* nq, float* nk, int B, int T,
+               int H, int HV, int V, float scale, int odt, cudaStream_t s) {
+  const QT *q = static_cast<const QT*>(qv), *k = static_cast<const QT*>(kv),
+           *v = static_cast<const QT*>(vv);
+  constexpr int kMaxSmem = 227 * 1024;  // an sm_90 block's opt-in shared memory
+  static_assert(sizeof(float) * PrepSmem<K, QT>::floats <= kMaxSmem, "prepare's shared memory");
+  static_assert(sizeof(float) * PassSmem<K, QT>::floats <= kMaxSmem, "the pass's shared memory");
   const int NC = (T + kC - 1) / kC;
-  const size_t s1 = sizeof(float) * PrepSmem<K, V>::floats,
-               s2 = sizeof(float) * PassSmem<K, QT>::floats,
-               s3 = sizeof(float) * OutSmem<K, V, QT>::floats;
+  const size_t s1 = sizeof(float) * PrepSmem<K, QT>::floats,
+               s2 = sizeof(float) * PassSmem<K, QT>::floats;
   cudaError_t err;
-  if ((err = allow_smem(mma_prepare<K, V, QT>, s1)) != cudaSuccess) return (int)err;
-  if ((err = allow_smem(mma_state_pass<K, QT>, s2)) != cudaSuccess) return (int)err;
-  if ((err = allow_smem(mma_output<K, V, QT>, s3)) != cudaSuccess) return (int)err;
-  if (nq) {  // the L2 norms of q and k, applied by the three kernels
+  if ((err = allow_smem(mma_prepare<K, QT>, s1)) != cudaSuccess) return (int)err;
+  if ((err = allow_smem(mma_pass<K, QT>, s2)) != cudaSuccess) return (int)err;
+  if (nq) {  // the L2 norms of q and k, applied by the kernels
     const long rows = (long)B * T * H;
     mma_l2_norms<QT><<<(unsigned)((rows + kThreads / 32 - 1) / (kThreads / 32)), kThreads, 0, s>>>(
         q, k, nq, nk, rows, K);
   }
-  mma_prepare<K, V, QT><<<B * HV * NC, kThreads, s1, s>>>(k, v, g, beta, nk, gcum, W, U, T, H,
-                                                          HV, NC);
-  mma_state_pass<K, QT><<<dim3(B * HV, V / kBV), kThreads, s2, s>>>(q, k, nq, nk, gcum, W, U, O1,
-                                                                     state, T, H, HV, V, NC);
-  mma_output<K, V, QT><<<B * HV * NC, kThreads, s3, s>>>(q, k, nq, nk, gcum, U, O1, o, T, H, HV,
-                                                         scale, odt, NC);
+  mma_prepare<K, QT><<<B * HV * NC, kThreads, s1, s>>>(q, k, g, beta, nq, nk, gcum, tinv, T, H,
+                                                     HV, NC);
+  mma_pass<K, QT><<<dim3(B * HV, V / kBV), kThreads, s2, s>>>(q, k, v, beta, nq, nk, gcum, tinv,
+                                                              state, o, T, H, HV, V, scale, odt, NC);
   return (int)cudaGetLastError();
 }
 
-template <int K, typename QT>
-int launch_mma_v(const void* q, const void* k, const void* v, const float* g, const float* beta,
-                 void* o, float* state, float* gcum, float* W, float* U, float* O1, float* nq,
-                 float* nk, int B, int T, int H, int HV, int V, float scale, int odt,
-                 cudaStream_t s) {
-  const QT *qt = static_cast<const QT*>(q), *kt = static_cast<const QT*>(k),
-           *vt = static_cast<const QT*>(v);
-#define GDN_MMA_ARGS qt, kt, vt, g, beta, o, state, gcum, W, U, O1, nq, nk, B, T, H, HV, scale, odt, s
-  switch (V) {
-    case 32: return launch_mma<K, 32, QT>(GDN_MMA_ARGS);
-    case 64: return launch_mma<K, 64, QT>(GDN_MMA_ARGS);
-    case 96: return launch_mma<K, 96, QT>(GDN_MMA_ARGS);
-    case 128: return launch_mma<K, 128, QT>(GDN_MMA_ARGS);
-    default: return WB_ERR_SHAPE;
-  }
-#undef GDN_MMA_ARGS
-}
-
 template <typename QT>
-int launch_mma_k(const void* q, const void* k, const void* v, const float* g, const float* beta,
-                 void* o, float* state, float* gcum, float* W, float* U, float* O1, float* nq,
-                 float* nk, int B, int T, int H, int HV, int K, int V, float scale, int odt,
-                 cudaStream_t s) {
-  return K == 128 ? launch_mma_v<128, QT>(q, k, v, g, beta, o, state, gcum, W, U, O1, nq, nk, B,
-                                          T, H, HV, V, scale, odt, s)
-                  : launch_mma_v<64, QT>(q, k, v, g, beta, o, state, gcum, W, U, O1, nq, nk, B, T,
-                                         H, HV, V, scale, odt, s);
+int launch_mma_k(const GdnArgs* a) {
+  auto s = static_cast<cudaStream_t>(a->stream);
+#define GDN_MMA_ARGS a->q, a->k, a->v, a->g, a->beta, a->o, a->state, a->gcum, a->W, a->nq, a->nk, \
+    a->B, a->T, a->H, a->HV, a->V, a->scale, a->o_dtype, s
+  return a->K == 128 ? launch_mma<128, QT>(GDN_MMA_ARGS) : launch_mma<64, QT>(GDN_MMA_ARGS);
+#undef GDN_MMA_ARGS
 }
 
 }  // namespace
@@ -810,7 +727,9 @@ int gdn_chunked_mma_supported(int K, int V) {
 
 // Tensor-core chunked prefill (chunk 64, fp32 accumulators, tf32 operands). q, k, v: float32
 // (in_dtype 0), bf16 (1) or fp16 (2), all three alike; g, beta float32. Workspace: gcum
-// [B,HV,T], W [B,HV,T,K], U [B,HV,T,V], O1 [B,HV,T,V], float32, provided by the caller; nq, nk
+// [B,HV,T] and, in W, each chunk's (I + A)^-1 and P (I + A)^-1 [B,HV,NC,2,64,64] (NC =
+// ceil(T / 64)), float32,
+// provided by the caller (U and O1 are not used); nq, nk
 // [B,T,H] float32 for the L2 norm of q and k (qk_l2norm; computed here), or both null for none.
 // o_dtype: 0 float32, 1 bf16, 2 fp16 (o's element type); GdnArgs.chunk is 64. Returns WB_OK, a
 // cudaError_t code, WB_ERR_SHAPE for a shape gdn_chunked_mma_supported refuses, or
@@ -818,16 +737,12 @@ int gdn_chunked_mma_supported(int K, int V) {
 int gdn_chunked_mma_cuda(const GdnArgs* a) {
   if (!gdn_chunked_mma_supported(a->K, a->V) || a->chunk != 64) return WB_ERR_SHAPE;
   if (a->o_dtype < 0 || a->o_dtype > 2 || !a->nq != !a->nk) return WB_ERR_ARGUMENT;
-  auto s = static_cast<cudaStream_t>(a->stream);
-#define GDN_MMA_ARGS a->q, a->k, a->v, a->g, a->beta, a->o, a->state, a->gcum, a->W, a->U, a->O1, a->nq, a->nk, \
-    a->B, a->T, a->H, a->HV, a->K, a->V, a->scale, a->o_dtype, s
   switch (a->in_dtype) {
-    case WB_FP32: return launch_mma_k<float>(GDN_MMA_ARGS);
-    case WB_BF16: return launch_mma_k<__nv_bfloat16>(GDN_MMA_ARGS);
-    case WB_FP16: return launch_mma_k<__half>(GDN_MMA_ARGS);
+    case WB_FP32: return launch_mma_k<float>(a);
+    case WB_BF16: return launch_mma_k<__nv_bfloat16>(a);
+    case WB_FP16: return launch_mma_k<__half>(a);
     default: return WB_ERR_ARGUMENT;
   }
-#undef GDN_MMA_ARGS
 }
 
 }  // extern "C"

@@ -44,6 +44,24 @@ def test_cuda_source_compiles():
     assert path.exists() and path.stat().st_size > 0
 
 
+@pytest.mark.skipif(_native.find_nvcc() is None, reason="nvcc not found")
+def test_cuda_mma_kernels_keep_registers(tmp_path):
+    """The mma path's prepare and pass for bf16 / fp16 inputs (the default path) compile for sm_90
+    without local-memory spills (ptxas's report); their shared memory is checked at compile time."""
+    import re
+    import subprocess
+    src = _native.source_dir() / "gdn" / "gdn_mma.cu"
+    out = subprocess.run([_native.find_nvcc(), "-O3", "-std=c++17", "--fmad=false", "-c",
+                          "-gencode=arch=compute_90a,code=sm_90a", f"-I{_native.source_dir()}",
+                          "-Xptxas", "-v", str(src), "-o", str(tmp_path / "m.o")],
+                         capture_output=True, text=True, check=True).stderr
+    reports = re.findall(r"Compiling entry function '(\S+)'.*?(\d+) bytes spill stores", out, re.S)
+    seen = {name for name, _ in reports if re.search(r"mma_(pass|prepare)ILi(64|128)E(13__nv_bfloat16|6__half)", name)}
+    assert len(seen) == 8, f"expected prepare and pass for K 64/128 x bf16/fp16, got {sorted(seen)}"
+    spills = [(name, n) for name, n in reports if name in seen and int(n)]
+    assert not spills, spills
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("op", ["recurrent", "chunked"])
 def test_cuda_against_oracle(op):

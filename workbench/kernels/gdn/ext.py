@@ -237,17 +237,11 @@ def launch(op, s, C, acc64, tensors, state, o, path="scalar", qk_l2norm=False, h
         _recurrence_args(a, tensors, o, state, h0, zero_state, qk_l2norm)
         rc = getattr(lib, f"gdn_recurrent_{kind}")(ctypes.byref(a))
     else:
-        # workspace of the three-phase chunked form: gcum, W, U (and the mma path's O1, the
-        # inter-chunk part of o that its state pass computes for the output pass)
         f32 = dict(dtype=torch.float32, device=q.device)
-        ws = (torch.empty(s.B, s.HV, s.T, **f32), torch.empty(s.B, s.HV, s.T, s.K, **f32),
-              torch.empty(s.B, s.HV, s.T, s.V, **f32))
-        a.gcum, a.W, a.U = (w.data_ptr() for w in ws)
         if kind == "cuda" and path == "mma":
             if not mma_fits(s, C, acc64):
                 raise KernelArgumentError(f"path: the mma path does not take chunk {C}, K={s.K}, "
                                           f"V={s.V}, acc64={acc64}", key="backend")
-            o1 = torch.empty(s.B, s.HV, s.T, s.V, **f32)
             if o.dtype not in MMA_OUT:
                 raise KernelArgumentError(f"o: the mma path writes {list(MMA_OUT)}, got {o.dtype}",
                                           key="o")
@@ -255,15 +249,24 @@ def launch(op, s, C, acc64, tensors, state, o, path="scalar", qk_l2norm=False, h
                 raise KernelArgumentError(
                     f"q, k, v: the mma path reads one of {list(MMA_IN)} for all three, got "
                     f"{[x.dtype for x in tensors[:3]]}", key="q")
-            # the L2-norm factors of the q and k rows (computed by the kernels), or none
-            norms = [torch.empty(s.B, s.T, s.H, **f32) for _ in range(2)] if qk_l2norm else []
+            # workspace of the two-launch mma path: gcum and each chunk's (I + A)^-1 and
+            # P (I + A)^-1 (in W); the L2-norm factors of the q and k rows (computed by the
+            # kernels), or none
+            nc = -(-s.T // 64)
+            ws = [torch.empty(s.B, s.HV, s.T, **f32), torch.empty(s.B, s.HV, nc, 2, 64, 64, **f32)]
             if qk_l2norm:
-                a.nq, a.nk = (n.data_ptr() for n in norms)
-            a.O1, a.in_dtype, a.o_dtype = o1.data_ptr(), MMA_IN[q.dtype], MMA_OUT[o.dtype]
+                ws += [torch.empty(s.B, s.T, s.H, **f32) for _ in range(2)]
+                a.nq, a.nk = ws[2].data_ptr(), ws[3].data_ptr()
+            a.gcum, a.W = ws[0].data_ptr(), ws[1].data_ptr()
+            a.in_dtype, a.o_dtype = MMA_IN[q.dtype], MMA_OUT[o.dtype]
             rc = lib.gdn_chunked_mma_cuda(ctypes.byref(a))
             if rc != _abi.WB_OK:
                 raise _abi.status_error(lib, rc, "native gdn chunked (cuda, mma)", fix="policy cuda_path='scalar'")
             return
+        # workspace of the three-phase chunked form: gcum, W, U
+        ws = (torch.empty(s.B, s.HV, s.T, **f32), torch.empty(s.B, s.HV, s.T, s.K, **f32),
+              torch.empty(s.B, s.HV, s.T, s.V, **f32))
+        a.gcum, a.W, a.U = (w.data_ptr() for w in ws)
         rc = getattr(lib, f"gdn_chunked_{kind}")(ctypes.byref(a))
     if rc != _abi.WB_OK:
         raise _abi.status_error(lib, rc, f"native gdn {op} ({kind})")
