@@ -13,10 +13,10 @@ struct GdnArgs {
   const float* beta;
   void* o;            // float32; the mma path: o_dtype
   float* state;       // in/out, float32
-  float* gcum;        // chunked workspace, float32: gcum [B,HV,T], W [B,HV,T,K], U [B,HV,T,V]
-  float* W;
-  float* U;
-  float* O1;          // the mma path: the inter-chunk part of o [B,HV,T,V]
+  float* gcum;        // chunked workspace, float32: gcum [B,HV,T], W [B,HV,T,K], U [B,HV,T,V];
+  float* W;           //   the mma path: gcum and, in W, each chunk's (I + A)^-1 and P (I + A)^-1
+  float* U;           //   [B,HV,NC,2,64,64] (NC = ceil(T / 64)); U and O1 unused
+  float* O1;          // unused (the three-launch mma path's inter-chunk part of o)
   float* nq;          // the mma path: L2-norm factors of q and k rows [B,T,H] (qk_l2norm), or both null
   float* nk;
   void* stream;       // cudaStream_t (CUDA builds)

@@ -1,26 +1,22 @@
 // Tensor-core chunked prefill of GDN (the CUDA build's "mma" path, for bf16/fp16 inputs).
 //
 // Same chunked UT/WY algebra as gdn_common.h (chunk C = 64, gc the within-chunk cumulative log
-// decay, A[i][j] = beta_i (k_i . k_j) exp(gc_i - gc_j) for j < i), in three launches whose
-// matrix products run on tensor cores: mma.sync m16n8k8 with tf32 operands and fp32
-// accumulators. Every operand is the float32 value rounded once to nearest tf32 (cvt.rna, 10-bit
-// mantissa): raw keys and queries when they are read (in place in shared memory, or at the
-// fragment load), and the kernels' own products (A, the inverse diagonal blocks, the
-// substitution's intermediates, W, the delta-rule values U, the per-chunk states, P) when they
-// are written. tf32 keeps that rounding
-// (2^-11 relative) well below the bf16 rounding of the inputs (2^-8); sums, decays, the state
-// itself and U - W S stay in float32.
-//   1. prepare, one block per (b, hv, chunk): A by mma; the 16 x 16 diagonal blocks of
-//      (I + A)^-1 in float32 (gdn_mma.h); W = (I + A)^-1 (beta exp(gc) K) and
-//      U = (I + A)^-1 (beta V) by blocked forward substitution with mma, a warp per 32 columns.
-//   2. state pass, one block of 8 warps per (b, hv, 32 value columns), sequential over chunks: the
-//      state tile lives in mma accumulators; per chunk U <- U - W S, the inter-chunk part of the
-//      output O1 = exp(gc_i) q_i S (from the same rounded S, for phase 3), and
-//      S <- exp(gc_last) S + K^T (exp(gc_last - gc_j) U_j); the next chunk's W, K, U tile, decays
-//      and queries are copied into shared memory (cp.async) while this one computes.
-//   3. output, one block per (b, hv, chunk), two per SM: o = scale (O1_i + sum_{j<=i} P_ij U_j)
-//      with P = (Q K^T) * exp(gc_i - gc_j) by mma, written over Q and K in shared memory.
-// All kernels are templated on K (and V) so that tile strides and loop bounds are constants:
+// decay, A[i][j] = beta_i (k_i . k_j) exp(gc_i - gc_j) for j < i), in two launches whose matrix
+// products run on tensor cores: mma.sync m16n8k8 with tf32 operands and fp32 accumulators. Every
+// operand is the float32 value rounded once to nearest tf32 (cvt.rna, 10-bit mantissa): raw keys
+// and queries when they are read (at the fragment load), and the kernels' own products (A, the
+// inverse diagonal blocks, the substitution's intermediates, Tinv, P, PT, R, the decayed U of the
+// update, the state as an operand) when they are written. tf32 keeps that rounding (2^-11
+// relative) well below the bf16 rounding of the inputs (2^-8); sums, decays, the state itself and
+// V - exp(gc) K S stay in float32.
+//   1. prepare, one block per (b, hv, chunk), all in parallel: A by mma; the 16 x 16 diagonal
+//      blocks of (I + A)^-1 in float32 (gdn_mma.h); Tinv = (I + A)^-1 by blocked forward
+//      substitution with mma; P = (Q K^T) * exp(gc_i - gc_j) and PT = P Tinv by mma.
+//   2. pass, one block of 8 warps per (b, hv, 32 value columns), sequential over chunks: the
+//      state tile lives in mma accumulators; per chunk R = beta (V - exp(gc) K S), U = Tinv R,
+//      o = scale (exp(gc) Q S + PT R) and S <- exp(gc_last) S + K^T (exp(gc_last - gc_j) U_j);
+//      the next chunk's inputs are copied into shared memory (cp.async) while this one computes.
+// The kernels are templated on K (and the element type) so that tile strides and loop bounds are constants:
 // fragment addresses are then a base register plus immediates. Within each k-step of 8, slot t
 // of the fragments holds k = 2t and slot t + 4 holds k = 2t + 1 (any pairing of k with slots
 // gives the same product), so operands stored with k contiguous load as 8-byte pairs; tile row
@@ -29,13 +25,12 @@
 // loaded as 4 bytes).
 // q, k, v are read as float32 or, as the caller gave them, bf16 / fp16 (each kernel is templated
 // on that type, QT): a 16-bit value is exact in tf32, so the result is the same bit for bit as
-// with the values widened to float32 first, for half the bytes of q and k in the state pass and
-// the output (and of k, v in prepare, which widens them in shared memory).
-// qk_l2norm: a fourth launch computes each q and k row's factor 1 / sqrt(sum x^2 + 1e-6) (nq,
-// nk), and the kernels fold them into the products they form from the raw q and k (A, the
-// right-hand sides of W, O1, the state update's keys, P), so q and k keep their 16-bit reads;
+// with the values widened to float32 first, for half the bytes of q, k and v where they are read.
+// qk_l2norm: a third launch computes each q and k row's factor 1 / sqrt(sum x^2 + 1e-6) (nq,
+// nk), and the kernels fold them into the products they form from the raw q and k (A, P, K S,
+// Q S, the state update's keys), so q and k keep their 16-bit reads;
 // without a norm the factors are 1 and every product is unchanged bit for bit.
-// Workspace (float32): gcum [B,HV,T], W [B,HV,T,K], U [B,HV,T,V], O1 [B,HV,T,V]. o is written
+// Workspace (float32): gcum [B,HV,T], Tinv and PT [B,HV,NC,2,64,64] (in GdnArgs.W). o is written
 // in float32, bf16 or fp16 (rounded to nearest even from the float32 result).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
