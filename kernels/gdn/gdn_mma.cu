@@ -16,8 +16,8 @@
 //      state tile lives in mma accumulators; per chunk R = beta (V - exp(gc) K S), U = Tinv R,
 //      o = scale (exp(gc) Q S + PT R) and S <- exp(gc_last) S + K^T (exp(gc_last - gc_j) U_j);
 //      the next chunk's inputs are copied into shared memory (cp.async) while this one computes.
-// The kernels are templated on K (and the element type) so that tile strides and loop bounds are constants:
-// fragment addresses are then a base register plus immediates. Within each k-step of 8, slot t
+// The kernels are templated on K (and the element type) so that tile strides and loop bounds are
+// constants: fragment addresses are then a base register plus immediates. Within each k-step of 8, slot t
 // of the fragments holds k = 2t and slot t + 4 holds k = 2t + 1 (any pairing of k with slots
 // gives the same product), so operands stored with k contiguous load as 8-byte pairs; tile row
 // strides are 8 mod 32 floats for those and 4 mod 16 for operands read across k rows, which
