@@ -94,6 +94,20 @@ __device__ __forceinline__ void mma8(float (&d)[4], const uint32_t (&a)[4], uint
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// The B fragment of one k-step (p at this lane's element): (k, n) at p[k * BK], pairs where BK
+// is 1; CB: round a float32 operand to tf32 here.
+template <int BK, bool CB, typename TB>
+__device__ __forceinline__ void b_frag(const TB* p, uint32_t& b0, uint32_t& b1) {
+  if constexpr (BK == 1) {
+    const float2 x = ld2(p);
+    b0 = opnd<CB>(x.x);
+    b1 = opnd<CB>(x.y);
+  } else {
+    b0 = opnd<CB>(to_f(p[0]));
+    b1 = opnd<CB>(to_f(p[BK]));
+  }
+}
+
 // One k-step of 8 for one warp. A and B are already offset to this lane's fragment elements and
 // to the k-step; (i, k) of A at A[i * AI + k * AK], (k, n) of B at B[k * BK + n * BN]; slot t
 // holds k = 2t, slot t + 4 holds k = 2t + 1 (pair loads where AK or BK is 1). CA/CB: round a
@@ -123,16 +137,8 @@ __device__ __forceinline__ void kstep(float (&acc)[MT][NT][4], const TA* A, cons
   }
 #pragma unroll
   for (int n = 0; n < NT; ++n) {
-    const TB* p = B + n * 8 * BN;
     uint32_t b0, b1;
-    if constexpr (BK == 1) {
-      const float2 x = ld2(p);
-      b0 = opnd<cb>(x.x);
-      b1 = opnd<cb>(x.y);
-    } else {
-      b0 = opnd<cb>(to_f(p[0]));
-      b1 = opnd<cb>(to_f(p[BK]));
-    }
+    b_frag<BK, cb>(B + n * 8 * BN, b0, b1);
 #pragma unroll
     for (int m = 0; m < MT; ++m) mma8(acc[m][n], a[m], b0, b1);
   }
@@ -188,16 +194,8 @@ __device__ __forceinline__ void gemm_pair(float (&acc1)[1][NT][4], float (&acc2)
     a2[0] = opnd<ca>(l2.x); a2[2] = opnd<ca>(l2.y); a2[1] = opnd<ca>(h2.x); a2[3] = opnd<ca>(h2.y);
 #pragma unroll
     for (int n = 0; n < NT; ++n) {
-      const TB* p = B + k0 * BK + n * 8 * BN;
       uint32_t b0, b1;
-      if constexpr (BK == 1) {
-        const float2 x = ld2(p);
-        b0 = opnd<cb>(x.x);
-        b1 = opnd<cb>(x.y);
-      } else {
-        b0 = opnd<cb>(to_f(p[0]));
-        b1 = opnd<cb>(to_f(p[BK]));
-      }
+      b_frag<BK, cb>(B + k0 * BK + n * 8 * BN, b0, b1);
       mma8(acc1[0][n], a1, b0, b1);
       mma8(acc2[0][n], a2, b0, b1);
     }
