@@ -13,10 +13,10 @@ struct GdnArgs {
   const float* beta;
   void* o;            // float32; the mma path: o_dtype
   float* state;       // in/out, float32
-  float* gcum;        // chunked workspace, float32: gcum [B,HV,T], W [B,HV,T,K], U [B,HV,T,V];
-  float* W;           //   the mma path: gcum and, in W, each chunk's (I + A)^-1 and P (I + A)^-1
-  float* U;           //   [B,HV,NC,2,64,64] (NC = ceil(T / 64)); U and O1 unused
-  float* O1;          // unused (the three-launch mma path's inter-chunk part of o)
+  float* gcum;        // chunked workspace, float32: gcum [B,HV,T], W [B,HV,T,K], U [B,HV,T,V]
+  float* W;           //   (the mma path: gcum and tinv only)
+  float* U;
+  float* tinv;        // the mma path: each chunk's (I + A)^-1 and P (I + A)^-1 [B,HV,NC,2,64,64]
   float* nq;          // the mma path: L2-norm factors of q and k rows [B,T,H] (qk_l2norm), or both null
   float* nk;
   void* stream;       // cudaStream_t (CUDA builds)
@@ -37,7 +37,7 @@ struct GdnArgs {
 #define GDN_ARGS_LAYOUT                                                                                  \
   WB_LAYOUT(GdnArgs, WB_OFF(GdnArgs, q), WB_OFF(GdnArgs, k), WB_OFF(GdnArgs, v), WB_OFF(GdnArgs, g),      \
             WB_OFF(GdnArgs, beta), WB_OFF(GdnArgs, o), WB_OFF(GdnArgs, state), WB_OFF(GdnArgs, gcum),     \
-            WB_OFF(GdnArgs, W), WB_OFF(GdnArgs, U), WB_OFF(GdnArgs, O1), WB_OFF(GdnArgs, nq),             \
+            WB_OFF(GdnArgs, W), WB_OFF(GdnArgs, U), WB_OFF(GdnArgs, tinv), WB_OFF(GdnArgs, nq),             \
             WB_OFF(GdnArgs, nk), WB_OFF(GdnArgs, stream), WB_OFF(GdnArgs, B), WB_OFF(GdnArgs, T),         \
             WB_OFF(GdnArgs, H), WB_OFF(GdnArgs, HV), WB_OFF(GdnArgs, K), WB_OFF(GdnArgs, V),              \
             WB_OFF(GdnArgs, scale), WB_OFF(GdnArgs, chunk), WB_OFF(GdnArgs, acc64),                       \

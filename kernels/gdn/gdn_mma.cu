@@ -30,7 +30,7 @@
 // nk), and the kernels fold them into the products they form from the raw q and k (A, P, K S,
 // Q S, the state update's keys), so q and k keep their 16-bit reads;
 // without a norm the factors are 1 and every product is unchanged bit for bit.
-// Workspace (float32): gcum [B,HV,T], Tinv and PT [B,HV,NC,2,64,64] (in GdnArgs.W). o is written
+// Workspace (float32): gcum [B,HV,T], Tinv and PT [B,HV,NC,2,64,64] (GdnArgs.tinv). o is written
 // in float32, bf16 or fp16 (rounded to nearest even from the float32 result).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -703,7 +703,7 @@ int launch_mma(const void* qv, const void* kv, const void* vv, const float* g, c
 template <typename QT>
 int launch_mma_k(const GdnArgs* a) {
   auto s = static_cast<cudaStream_t>(a->stream);
-#define GDN_MMA_ARGS a->q, a->k, a->v, a->g, a->beta, a->o, a->state, a->gcum, a->W, a->nq, a->nk, \
+#define GDN_MMA_ARGS a->q, a->k, a->v, a->g, a->beta, a->o, a->state, a->gcum, a->tinv, a->nq, a->nk, \
     a->B, a->T, a->H, a->HV, a->V, a->scale, a->o_dtype, s
   return a->K == 128 ? launch_mma<128, QT>(GDN_MMA_ARGS) : launch_mma<64, QT>(GDN_MMA_ARGS);
 #undef GDN_MMA_ARGS
@@ -720,9 +720,8 @@ int gdn_chunked_mma_supported(int K, int V) {
 
 // Tensor-core chunked prefill (chunk 64, fp32 accumulators, tf32 operands). q, k, v: float32
 // (in_dtype 0), bf16 (1) or fp16 (2), all three alike; g, beta float32. Workspace: gcum
-// [B,HV,T] and, in W, each chunk's (I + A)^-1 and P (I + A)^-1 [B,HV,NC,2,64,64] (NC =
-// ceil(T / 64)), float32,
-// provided by the caller (U and O1 are not used); nq, nk
+// [B,HV,T] and tinv, each chunk's (I + A)^-1 and P (I + A)^-1 [B,HV,NC,2,64,64] (NC =
+// ceil(T / 64)), float32, provided by the caller (W and U are not used); nq, nk
 // [B,T,H] float32 for the L2 norm of q and k (qk_l2norm; computed here), or both null for none.
 // o_dtype: 0 float32, 1 bf16, 2 fp16 (o's element type); GdnArgs.chunk is 64. Returns WB_OK, a
 // cudaError_t code, WB_ERR_SHAPE for a shape gdn_chunked_mma_supported refuses, or

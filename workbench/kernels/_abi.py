@@ -38,7 +38,7 @@ class _Args(ctypes.Structure):
 
 
 class GdnArgs(_Args):
-    _fields_ = [*((n, _P) for n in ("q", "k", "v", "g", "beta", "o", "state", "gcum", "W", "U", "O1", "nq", "nk",
+    _fields_ = [*((n, _P) for n in ("q", "k", "v", "g", "beta", "o", "state", "gcum", "W", "U", "tinv", "nq", "nk",
                                     "stream")),
                 *((n, _I) for n in ("B", "T", "H", "HV", "K", "V")), ("scale", _F),
                 *((n, _I) for n in ("chunk", "acc64", "in_dtype", "o_dtype")), ("h0", _P),

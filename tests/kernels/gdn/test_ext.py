@@ -50,11 +50,10 @@ def test_cuda_mma_kernels_keep_registers(tmp_path):
     without local-memory spills (ptxas's report); their shared memory is checked at compile time."""
     import re
     import subprocess
-    src = _native.source_dir() / "gdn" / "gdn_mma.cu"
-    out = subprocess.run([_native.find_nvcc(), "-O3", "-std=c++17", "--fmad=false", "-c",
-                          "-gencode=arch=compute_90a,code=sm_90a", f"-I{_native.source_dir()}",
-                          "-Xptxas", "-v", str(src), "-o", str(tmp_path / "m.o")],
-                         capture_output=True, text=True, check=True).stderr
+    # the build's own nvcc command (flags, WORKBENCH_CUDA_ARCH), with ptxas's resource report
+    cmd = _native._command("cuda", [_native.source_dir() / "gdn" / "gdn_mma.cu"], tmp_path / "m.so",
+                           ["-Xptxas", "-v"])
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stderr
     reports = re.findall(r"Compiling entry function '(\S+)'.*?(\d+) bytes spill stores", out, re.S)
     seen = {name for name, _ in reports if re.search(r"mma_(pass|prepare)ILi(64|128)E(13__nv_bfloat16|6__half)", name)}
     assert len(seen) == 8, f"expected prepare and pass for K 64/128 x bf16/fp16, got {sorted(seen)}"

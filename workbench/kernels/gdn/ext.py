@@ -250,14 +250,14 @@ def launch(op, s, C, acc64, tensors, state, o, path="scalar", qk_l2norm=False, h
                     f"q, k, v: the mma path reads one of {list(MMA_IN)} for all three, got "
                     f"{[x.dtype for x in tensors[:3]]}", key="q")
             # workspace of the two-launch mma path: gcum and each chunk's (I + A)^-1 and
-            # P (I + A)^-1 (in W); the L2-norm factors of the q and k rows (computed by the
+            # P (I + A)^-1 (tinv); the L2-norm factors of the q and k rows (computed by the
             # kernels), or none
             nc = -(-s.T // 64)
             ws = [torch.empty(s.B, s.HV, s.T, **f32), torch.empty(s.B, s.HV, nc, 2, 64, 64, **f32)]
             if qk_l2norm:
                 ws += [torch.empty(s.B, s.T, s.H, **f32) for _ in range(2)]
                 a.nq, a.nk = ws[2].data_ptr(), ws[3].data_ptr()
-            a.gcum, a.W = ws[0].data_ptr(), ws[1].data_ptr()
+            a.gcum, a.tinv = ws[0].data_ptr(), ws[1].data_ptr()
             a.in_dtype, a.o_dtype = MMA_IN[q.dtype], MMA_OUT[o.dtype]
             rc = lib.gdn_chunked_mma_cuda(ctypes.byref(a))
             if rc != _abi.WB_OK:
