@@ -36,6 +36,8 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include <type_traits>
 
@@ -209,6 +211,14 @@ __device__ __forceinline__ void gemm_pair(float (&acc1)[1][NT][4], float (&acc2)
   }
 }
 
+template <int N>
+__device__ __forceinline__ void zero1(float (&acc)[N][4]) {
+#pragma unroll
+  for (int n = 0; n < N; ++n)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) acc[n][r] = 0.f;
+}
+
 template <int MT, int NT>
 __device__ __forceinline__ void zero(float (&acc)[MT][NT][4]) {
 #pragma unroll
@@ -231,6 +241,31 @@ __device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_grou
 template <int N>
 __device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N)); }
 
+// Four 8 x 8 tiles of 16-bit elements from shared memory (ldmatrix; lane l gives the row
+// address of tile l / 8, row l % 8, 16 bytes each): r[m] holds this lane's pair of tile m, row
+// lane / 4, elements 2 (lane % 4) and 2 (lane % 4) + 1 (TRANS: of the transposed tile).
+template <bool TRANS>
+__device__ __forceinline__ void ldsm4(uint32_t (&r)[4], const void* row) {
+  const unsigned a = (unsigned)__cvta_generic_to_shared(row);
+  if constexpr (TRANS)
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
+  else
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
+}
+// A pair of bf16 / fp16 values (low half first) as two tf32 operands (exact).
+template <typename T>
+__device__ __forceinline__ void split16(uint32_t r, uint32_t& lo, uint32_t& hi) {
+  if constexpr (std::is_same<T, __nv_bfloat16>::value) {
+    lo = r << 16;
+    hi = r & 0xffff0000u;
+  } else {
+    lo = __float_as_uint(__half2float(__ushort_as_half((unsigned short)(r & 0xffffu))));
+    hi = __float_as_uint(__half2float(__ushort_as_half((unsigned short)(r >> 16))));
+  }
+}
+
 // ROWS x COLS elements (16 bytes a multiple of a row) from global rows of stride sst into shared
 // rows of stride LD (elements; 16-byte aligned rows), 16 bytes per cp.async, thread tid of NT
 // taking pieces tid, tid + NT, ...; rows >= L are zero-filled.
@@ -238,7 +273,7 @@ template <int ROWS, int COLS, int LD, int NT = kThreads, typename T>
 __device__ __forceinline__ void load_tile(T* dst, const T* src, long sst, int L, int tid) {
   constexpr int E = 16 / sizeof(T), C4 = COLS / E, N = ROWS * C4;
   static_assert(COLS % E == 0 && (LD * sizeof(T)) % 16 == 0, "16-byte pieces");
-#pragma unroll
+#pragma unroll 4
   for (int it = 0; it < (N + NT - 1) / NT; ++it) {
     const int idx = tid + it * NT;
     if (N % NT == 0 || idx < N) {
@@ -666,11 +701,305 @@ mma_pass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restric
     }
 }
 
+// ------------------------------------------------------------------- the warp-resident pass
+
+// One stage of the warp-resident pass (two, alternating): a chunk's keys and queries (QT, as
+// given), Tinv and PT (tf32, from prepare), the block's 16 NW value columns (QT), decays, beta
+// and the L2-norm factors. Offsets in floats.
+template <int K, typename QT, int NW>
+struct WarpStage {
+  static constexpr int BV = 16 * NW, QB = (int)sizeof(QT);
+  static constexpr int SKK = is_f32<QT> ? K + 4 : K + 8, SVT = is_f32<QT> ? BV + 4 : BV + 8;
+  static constexpr int Kk = 0, Qq = Kk + kC * SKK * QB / 4, Tv = Qq + kC * SKK * QB / 4,
+                       PTv = Tv + kC * kPS, Vt = PTv + kC * kPS, G = Vt + kC * SVT * QB / 4,
+                       BT = G + kC, NQ = BT + kC, NK = NQ + kC, floats = NK + kC;
+  static_assert(Qq % 4 == 0 && Tv % 4 == 0 && Vt % 4 == 0 && G % 4 == 0, "16-byte stage rows");
+};
+
+// The chunk recurrence after prepare with the state in registers: each warp owns 16 value
+// columns and holds the transposed state S^T of those columns over all K state rows in mma
+// accumulators (element r of s[j]: column gq + 8 (r / 2), state row 8j + 2tq + (r % 2)). An
+// accumulator tile is an A fragment as it stands (slot t of a k-step holds k = 2t, slot t + 4
+// holds k = 2t + 1), so every product of a chunk takes its left operand from registers and only
+// the chunk's inputs come from shared memory; the warps never wait for each other within a
+// chunk (one block barrier a chunk, for the stage buffers). Per chunk, transposed:
+//   R^T = beta (V - exp(gc) nk (K S))^T     from S^T K^T       (rounded to tf32)
+//   o^T = scale (exp(gc) nq (Q S)^T + R^T PT^T)
+//   U^T = R^T Tinv^T,  S^T <- exp(gc_last) S^T + (exp(gc_last - gc_j) nk_j U_j)^T K
+// the same algebra and roundings as the shared-memory pass (tf32 operands, float32 sums).
+// NW warps a block (16 NW value columns), one block of NW warps per (b, hv, column group).
+template <int K, typename QT, int NW>
+__global__ void __launch_bounds__(32 * NW, 1)
+mma_wpass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restrict__ v,
+          const float* __restrict__ beta, const float* __restrict__ nq,
+          const float* __restrict__ nk, const float* __restrict__ gcum,
+          const float* __restrict__ tinv, float* __restrict__ state, void* __restrict__ o, int T,
+          int H, int HV, int V, float scale, int odt, int NC) {
+  using P = WarpStage<K, QT, NW>;
+  constexpr int NTH = 32 * NW, NS = K / 8, SKK = P::SKK, SVT = P::SVT;
+  constexpr bool cq = is_f32<QT>;  // raw float32 q, k: rounded to tf32 at the fragment load
+  constexpr bool kLdsm = !cq;  // 16-bit keys and queries: B fragments by ldmatrix
+  extern __shared__ float4 smem4[];
+  float* sm = reinterpret_cast<float*>(smem4);
+  const int b = blockIdx.x / HV, hv = blockIdx.x % HV, h = hv / (HV / H);
+  const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, gq = lane >> 2, tq = lane & 3;
+  const int wc = 16 * w, c0 = blockIdx.y * P::BV + wc;  // the warp's columns: c0 + 0..15
+  float* st = state + gdn::state_index(b, hv, HV, K, V) + c0;
+  float s[NS][4];
+#pragma unroll
+  for (int j = 0; j < NS; ++j)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) s[j][r] = st[(long)(8 * j + 2 * tq + (r & 1)) * V + gq + 8 * (r >> 1)];
+  auto issue = [&](int n) {
+    const int t0 = n * kC, L = gdn::imin(kC, T - t0);
+    float* sb = sm + (n & 1) * P::floats;
+    load_tile<kC, K, SKK, NTH>(reinterpret_cast<QT*>(sb + P::Kk),
+                               k + gdn::qk_index(b, t0, h, T, H, K), (long)H * K, L, tid);
+    load_tile<kC, K, SKK, NTH>(reinterpret_cast<QT*>(sb + P::Qq),
+                               q + gdn::qk_index(b, t0, h, T, H, K), (long)H * K, L, tid);
+    load_tile<2 * kC, kC, kPS, NTH>(sb + P::Tv, tinv + ((long)(b * HV + hv) * NC + n) * 2 * kC * kC,
+                                    kC, 2 * kC, tid);  // Tinv and PT
+    load_tile<kC, P::BV, SVT, NTH>(reinterpret_cast<QT*>(sb + P::Vt),
+                                   v + gdn::v_index(b, t0, hv, T, HV, V) + blockIdx.y * P::BV,
+                                   (long)HV * V, L, tid);
+    for (int idx = tid; idx < 4 * kC; idx += NTH) {  // G, BT, NQ, NK; 4-byte copies
+      const int i = idx % kC, part = idx / kC;
+      float* d = sb + P::G + part * kC + i;
+      if (i < L) {
+        if (part == 0) cp4(d, gcum + gdn::ws_row(b, hv, t0 + i, HV, T));
+        else if (part == 1) cp4(d, beta + gdn::gate_index(b, t0 + i, hv, T, HV));
+        else if (const float* nn = part == 2 ? nq : nk) cp4(d, nn + qk_row(b, t0 + i, h, T, H));
+        else *d = 1.f;
+      } else {
+        *d = part < 2 ? 0.f : 1.f;
+      }
+    }
+    cp_commit();
+  };
+  issue(0);
+  for (int n = 0; n < NC; ++n) {
+    const int t0 = n * kC, L = gdn::imin(kC, T - t0);
+    cp_wait<0>();
+    __syncthreads();  // this chunk's stage is in place; every warp is done with the other one
+    if (n + 1 < NC) issue(n + 1);
+    const float* sb = sm + (n & 1) * P::floats;
+    const QT* Kc = reinterpret_cast<const QT*>(sb + P::Kk);
+    const QT* Qc = reinterpret_cast<const QT*>(sb + P::Qq);
+    const QT* Vc = reinterpret_cast<const QT*>(sb + P::Vt) + wc;
+    const float *Tv = sb + P::Tv, *PTv = sb + P::PTv;
+    const float *gc = sb + P::G, *bt = sb + P::BT, *nqv = sb + P::NQ, *nkv = sb + P::NK;
+    const float gl = gc[L - 1];
+    // (K S)^T and (Q S)^T, [16 columns][64 positions], over the state rows; A = S^T (registers)
+    float x[8][4], y[8][4];
+    zero1(x);
+    zero1(y);
+#pragma unroll
+    for (int j = 0; j < NS; ++j) {
+      const uint32_t a[4] = {opnd<true>(s[j][0]), opnd<true>(s[j][2]), opnd<true>(s[j][1]),
+                             opnd<true>(s[j][3])};
+      if constexpr (kLdsm) {  // B(k = state row, n = position): rows of K, Q; 4 n-tiles a load
+#pragma unroll
+        for (int h4 = 0; h4 < 2; ++h4) {
+          uint32_t rk[4], rq[4];
+          ldsm4<false>(rk, Kc + (32 * h4 + lane) * SKK + 8 * j);
+          ldsm4<false>(rq, Qc + (32 * h4 + lane) * SKK + 8 * j);
+#pragma unroll
+          for (int m = 0; m < 4; ++m) {
+            uint32_t b0, b1;
+            split16<QT>(rk[m], b0, b1);
+            mma8(x[4 * h4 + m], a, b0, b1);
+            split16<QT>(rq[m], b0, b1);
+            mma8(y[4 * h4 + m], a, b0, b1);
+          }
+        }
+      } else {
+        const int kof = 8 * j + 2 * tq + gq * SKK;
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt) {
+          uint32_t b0, b1;
+          b_frag<1, cq>(Kc + kof + 8 * nt * SKK, b0, b1);
+          mma8(x[nt], a, b0, b1);
+          b_frag<1, cq>(Qc + kof + 8 * nt * SKK, b0, b1);
+          mma8(y[nt], a, b0, b1);
+        }
+      }
+    }
+    // R^T (rounded) in x, exp(gc) nq (Q S)^T in y
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int i = 8 * nt + 2 * tq + e;
+        const float eg = expf(gc[i]), ek = eg * nkv[i], eq = eg * nqv[i], bi = bt[i];
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+          const int r = 2 * hf + e;
+          x[nt][r] = rtf32(bi * (to_f(Vc[i * SVT + gq + 8 * hf]) - ek * x[nt][r]));
+          y[nt][r] = eq * y[nt][r];
+        }
+      }
+    // o^T += R^T PT^T, then U^T = R^T Tinv^T (both lower triangular: k-step ks feeds n-tiles
+    // >= ks); o is written first so that y is free before u is formed
+    auto a_of = [](const float (&c)[4], uint32_t (&a)[4]) {
+      a[0] = __float_as_uint(c[0]), a[1] = __float_as_uint(c[2]), a[2] = __float_as_uint(c[1]),
+      a[3] = __float_as_uint(c[3]);
+    };
+#pragma unroll
+    for (int ks = 0; ks < 8; ++ks) {
+      uint32_t a[4];
+      a_of(x[ks], a);
+      const float* p = PTv + 8 * ks + 2 * tq + gq * kPS;
+#pragma unroll
+      for (int nt = ks; nt < 8; ++nt) {
+        uint32_t b0, b1;
+        b_frag<1, false>(p + 8 * nt * kPS, b0, b1);
+        mma8(y[nt], a, b0, b1);
+      }
+    }
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int i = 8 * nt + 2 * tq + e;
+        if (i >= L) continue;
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+          const long at = gdn::v_index(b, t0 + i, hv, T, HV, V) + c0 + gq + 8 * hf;
+          const float val = scale * y[nt][2 * hf + e];
+          if (odt == 1) reinterpret_cast<__nv_bfloat16*>(o)[at] = __float2bfloat16_rn(val);
+          else if (odt == 2) reinterpret_cast<__half*>(o)[at] = __float2half_rn(val);
+          else static_cast<float*>(o)[at] = val;
+        }
+      }
+    float u[8][4];
+    zero1(u);
+#pragma unroll
+    for (int ks = 0; ks < 8; ++ks) {
+      uint32_t a[4];
+      a_of(x[ks], a);
+      const float* p = Tv + 8 * ks + 2 * tq + gq * kPS;
+#pragma unroll
+      for (int nt = ks; nt < 8; ++nt) {
+        uint32_t b0, b1;
+        b_frag<1, false>(p + 8 * nt * kPS, b0, b1);
+        mma8(u[nt], a, b0, b1);
+      }
+    }
+    // the decayed, normed U^T (rounded): the update's A operand
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int i = 8 * nt + 2 * tq + e;
+        const float d = i < L ? expf(gl - gc[i]) * nkv[i] : 0.f;
+        u[nt][e] = rtf32(d * u[nt][e]);
+        u[nt][2 + e] = rtf32(d * u[nt][2 + e]);
+      }
+    // S^T <- exp(gc_last) S^T + Ud^T K (B(k = position, n = state row) = K[position][row])
+    const float el = expf(gl);
+#pragma unroll
+    for (int j = 0; j < NS; ++j)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) s[j][r] *= el;
+#pragma unroll
+    for (int ks = 0; ks < 8; ++ks) {
+      uint32_t a[4];
+      a_of(u[ks], a);
+      if constexpr (kLdsm) {  // B(k = position, n = state row): K's tiles transposed
+#pragma unroll
+        for (int j4 = 0; j4 < NS / 4; ++j4) {
+          uint32_t r[4];
+          ldsm4<true>(r, Kc + (8 * ks + (lane & 7)) * SKK + 8 * (4 * j4 + (lane >> 3)));
+#pragma unroll
+          for (int m = 0; m < 4; ++m) {
+            uint32_t b0, b1;
+            split16<QT>(r[m], b0, b1);
+            mma8(s[4 * j4 + m], a, b0, b1);
+          }
+        }
+      } else {
+        const QT* kp = Kc + (8 * ks + 2 * tq) * SKK + gq;
+#pragma unroll
+        for (int j = 0; j < NS; ++j) {
+          uint32_t b0, b1;
+          b_frag<SKK, cq>(kp + 8 * j, b0, b1);
+          mma8(s[j], a, b0, b1);
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < NS; ++j)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) st[(long)(8 * j + 2 * tq + (r & 1)) * V + gq + 8 * (r >> 1)] = s[j][r];
+}
+
 // ----------------------------------------------------------------------------------- launcher
 
 template <typename F>
 cudaError_t allow_smem(F* kernel, size_t bytes) {
   return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
+}
+
+
+int sm_count() {
+  static int sms = 0;
+  if (!sms) {
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || sms < 1)
+      sms = 132;
+  }
+  return sms;
+}
+
+// Which pass runs: the warp-resident one where it has at least three warps an SM (B HV V / 16
+// warps in all), the shared-memory one below that. A single warp's chain of products per chunk
+// is long (about 8 us a chunk on the H200 whether 2 or 8 warps share an SM), so the warp pass
+// needs warps to overlap; the shared-memory pass spreads a chunk over 8 warps a block. Measured
+// on the H200 (benchmarks/results/gdn-pass-ab-h200-2026-12-05.jsonl): B1 T8192 HV32 (2 warps an
+// SM) warp 1.19 ms against 0.65; B4 T4096 HV32 (8 an SM) 0.87 against 1.28.
+// WORKBENCH_GDN_MMA_PASS=warp|smem forces one (tests, benchmarks); anything else: this rule.
+bool warp_pass(int BH, int V) {
+  if (const char* e = getenv("WORKBENCH_GDN_MMA_PASS")) {
+    if (!strcmp(e, "warp")) return true;
+    if (!strcmp(e, "smem")) return false;
+  }
+  return (long)BH * (V / 16) >= 3L * sm_count();
+}
+
+// The warps a block of the warp-resident pass: 16 value columns each, 2, 4 or 8 (V allowing;
+// float32 q, k, v: 2, for shared memory). The fewest waves of blocks over the SMs, then the
+// fewest warps a block (more SMs at work, each warp its own scheduler). The arithmetic of a warp
+// does not depend on it.
+int pass_warps(int BH, int V, bool f32) {
+  const int sms = sm_count();
+  int best = 2;
+  long best_waves = -1;
+  for (int nw = 2; nw <= (f32 ? 2 : 8); nw *= 2) {
+    if (V % (16 * nw)) continue;
+    const long blocks = (long)BH * (V / (16 * nw)), waves = (blocks + sms - 1) / sms;
+    if (best_waves < 0 || waves < best_waves) best = nw, best_waves = waves;
+  }
+  return best;
+}
+
+template <int K, typename QT, int NW>
+cudaError_t launch_wpass(const QT* q, const QT* k, const QT* v, const float* beta, const float* nq,
+                         const float* nk, const float* gcum, const float* tinv, float* state,
+                         void* o, int B, int T, int H, int HV, int V, float scale, int odt, int NC,
+                         cudaStream_t s) {
+  if constexpr (is_f32<QT> && NW > 2) {
+    return cudaErrorInvalidValue;
+  } else {
+    constexpr size_t bytes = 2 * sizeof(float) * WarpStage<K, QT, NW>::floats;
+    static_assert(bytes <= 227 * 1024, "the warp-resident pass's shared memory");
+    cudaError_t err = allow_smem(mma_wpass<K, QT, NW>, bytes);
+    if (err != cudaSuccess) return err;
+    mma_wpass<K, QT, NW><<<dim3(B * HV, V / (16 * NW)), 32 * NW, bytes, s>>>(
+        q, k, v, beta, nq, nk, gcum, tinv, state, o, T, H, HV, V, scale, odt, NC);
+    return cudaSuccess;
+  }
 }
 
 template <int K, typename QT>
@@ -695,8 +1024,19 @@ int launch_mma(const void* qv, const void* kv, const void* vv, const float* g, c
   }
   mma_prepare<K, QT><<<B * HV * NC, kThreads, s1, s>>>(q, k, g, beta, nq, nk, gcum, tinv, T, H,
                                                      HV, NC);
-  mma_pass<K, QT><<<dim3(B * HV, V / kBV), kThreads, s2, s>>>(q, k, v, beta, nq, nk, gcum, tinv,
-                                                              state, o, T, H, HV, V, scale, odt, NC);
+  if (!warp_pass(B * HV, V)) {
+    mma_pass<K, QT><<<dim3(B * HV, V / kBV), kThreads, s2, s>>>(
+        q, k, v, beta, nq, nk, gcum, tinv, state, o, T, H, HV, V, scale, odt, NC);
+  } else {
+    const int nw = pass_warps(B * HV, V, is_f32<QT>);
+    err = nw == 8   ? launch_wpass<K, QT, 8>(q, k, v, beta, nq, nk, gcum, tinv, state, o, B, T, H,
+                                             HV, V, scale, odt, NC, s)
+          : nw == 4 ? launch_wpass<K, QT, 4>(q, k, v, beta, nq, nk, gcum, tinv, state, o, B, T, H,
+                                             HV, V, scale, odt, NC, s)
+                    : launch_wpass<K, QT, 2>(q, k, v, beta, nq, nk, gcum, tinv, state, o, B, T, H,
+                                             HV, V, scale, odt, NC, s);
+    if (err != cudaSuccess) return (int)err;
+  }
   return (int)cudaGetLastError();
 }
 

@@ -46,8 +46,10 @@ def test_cuda_source_compiles():
 
 @pytest.mark.skipif(_native.find_nvcc() is None, reason="nvcc not found")
 def test_cuda_mma_kernels_keep_registers(tmp_path):
-    """The mma path's prepare and pass for bf16 / fp16 inputs (the default path) compile for sm_90
-    without local-memory spills (ptxas's report); their shared memory is checked at compile time."""
+    """The mma path's prepare and warp-resident pass (every K, element type and block width)
+    compile for sm_90 without local-memory spills (ptxas's report): the pass keeps the state and
+    its products in registers, and a spill would put them in local memory; shared memory is
+    checked at compile time."""
     import re
     import subprocess
     # the build's own nvcc command (flags, WORKBENCH_CUDA_ARCH), with ptxas's resource report
@@ -55,8 +57,11 @@ def test_cuda_mma_kernels_keep_registers(tmp_path):
                            ["-Xptxas", "-v"])
     out = subprocess.run(cmd, capture_output=True, text=True, check=True).stderr
     reports = re.findall(r"Compiling entry function '(\S+)'.*?(\d+) bytes spill stores", out, re.S)
-    seen = {name for name, _ in reports if re.search(r"mma_(pass|prepare)ILi(64|128)E(13__nv_bfloat16|6__half)", name)}
-    assert len(seen) == 8, f"expected prepare and pass for K 64/128 x bf16/fp16, got {sorted(seen)}"
+    seen = {name for name, _ in reports if re.search(r"mma_(wpass|prepare)ILi(64|128)E", name)}
+    prepare = [n for n in seen if "prepare" in n]
+    wpass = [n for n in seen if "wpass" in n]
+    # prepare: K 64/128 x fp32/bf16/fp16; the pass: 16-bit inputs at 2, 4 and 8 warps, fp32 at 2
+    assert len(prepare) == 6 and len(wpass) == 14, sorted(seen)
     spills = [(name, n) for name, n in reports if name in seen and int(n)]
     assert not spills, spills
 
@@ -161,10 +166,16 @@ MMA_CASES = [
 ]
 
 
+# the mma path's two passes (the launcher picks one by the grid; forced here, each on every case)
+PASSES = ["warp", "smem"]
+
+
 @pytest.mark.gpu
+@pytest.mark.parametrize("mma_pass", PASSES)
 @pytest.mark.parametrize("case", MMA_CASES, ids=[case_id(*c[:6], "bf16", c[6]) for c in MMA_CASES])
-def test_cuda_mma_against_oracle(case, monkeypatch):
+def test_cuda_mma_against_oracle(case, mma_pass, monkeypatch):
     monkeypatch.delenv("WORKBENCH_GDN_CUDA_PATH", raising=False)
+    monkeypatch.setenv("WORKBENCH_GDN_MMA_PASS", mma_pass)
     *dims, state = case
     x = make_inputs(*dims, dtype=torch.bfloat16, state=state, seed=11, device="cuda")
     ref_o, ref_s = oracle.chunked(**x, qk_l2norm=True)
@@ -207,12 +218,14 @@ def test_cuda_mma_writes_output_dtype(monkeypatch):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("mma_pass", PASSES)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("K,V,T", [(128, 128, 150), (64, 96, 64), (128, 32, 1)])
-def test_cuda_mma_reads_16bit_inputs(dtype, K, V, T, monkeypatch):
+def test_cuda_mma_reads_16bit_inputs(dtype, K, V, T, mma_pass, monkeypatch):
     """bf16 / fp16 q, k, v read by the mma kernels as given: bit-equal to widening them first
     (they are exact in tf32), o and state; the API takes that path; mixed dtypes are refused."""
     monkeypatch.setenv("WORKBENCH_GDN_CUDA_PATH", "mma")
+    monkeypatch.setenv("WORKBENCH_GDN_MMA_PASS", mma_pass)
     x = make_inputs(1, T, 2, 4, K, V, dtype=dtype, state=True, seed=17, device="cuda")
     # keys normalized by the caller (raw random keys make the recurrence blow up in float32)
     x["q"], x["k"] = (l2norm(x[n].float()).to(dtype) for n in ("q", "k"))
@@ -255,11 +268,32 @@ def test_cuda_mma_l2norm_in_kernel(dtype, K, V, T, monkeypatch):
 
 
 @pytest.mark.gpu
+def test_cuda_mma_pass_choice(monkeypatch):
+    """Unforced, the launcher takes the warp-resident pass on a grid of at least three warps an SM
+    (B HV V / 16 >= 3 x SMs) and the shared-memory pass below: bit for bit the forced pass; the
+    two agree to float32 rounding (the same roundings to tf32, sums in another order)."""
+    monkeypatch.setenv("WORKBENCH_GDN_CUDA_PATH", "mma")
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for B, HV, want in ((1, 4, "smem"), (-(-3 * sms // (32 * 8)), 32, "warp")):
+        x = make_inputs(B, 130, 16 if HV == 32 else 2, HV, 128, 128, dtype=torch.bfloat16,
+                        state=True, seed=5, device="cuda")
+        out = {}
+        for p in ("auto", "warp", "smem"):
+            monkeypatch.setenv("WORKBENCH_GDN_MMA_PASS", p)
+            out[p] = gdn.chunked(**x, qk_l2norm=True, backend="ext")
+        assert all(torch.equal(a, b) for a, b in zip(out["auto"], out[want])), (B, HV, want)
+        assert workbench.compare(out["smem"][1], out["warp"][1]).rel_l2 <= 1e-5
+        assert workbench.compare(out["smem"][0].float(), out["warp"][0].float()).rel_l2 <= 1e-3
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mma_pass", PASSES)
 @pytest.mark.parametrize("split", [64, 100])
-def test_cuda_mma_continuation(split, monkeypatch):
+def test_cuda_mma_continuation(split, mma_pass, monkeypatch):
     """Prefill continuation on the mma path: [0:split] then [split:] with the state carried
     equals one call."""
     monkeypatch.setenv("WORKBENCH_GDN_CUDA_PATH", "mma")
+    monkeypatch.setenv("WORKBENCH_GDN_MMA_PASS", mma_pass)
     x = make_inputs(1, 128 if split == 64 else 230, 2, 4, 128, 128, dtype=torch.bfloat16,
                     state=True, seed=12, device="cuda")
     o, s = gdn.chunked(**x, qk_l2norm=True, backend="ext")
