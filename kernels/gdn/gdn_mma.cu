@@ -953,19 +953,20 @@ int sm_count() {
   return sms;
 }
 
-// Which pass runs: the warp-resident one where it has at least three warps an SM (B HV V / 16
+// Which pass runs: the warp-resident one where it has at least 2.5 warps an SM (B HV V / 16
 // warps in all), the shared-memory one below that. A single warp's chain of products per chunk
 // is long (about 8 us a chunk on the H200 whether 2 or 8 warps share an SM), so the warp pass
 // needs warps to overlap; the shared-memory pass spreads a chunk over 8 warps a block. Measured
 // on the H200 (benchmarks/results/gdn-pass-ab-h200-2026-12-05.jsonl): B1 T8192 HV32 (2 warps an
-// SM) warp 1.19 ms against 0.65; B4 T4096 HV32 (8 an SM) 0.87 against 1.28.
+// SM) warp 1.19 ms against 0.65; B1 T2000 HV48 (2.9 an SM) 0.305 against 0.313; B4 T4096 HV32
+// (7.8 an SM) 0.87 against 1.28.
 // WORKBENCH_GDN_MMA_PASS=warp|smem forces one (tests, benchmarks); anything else: this rule.
 bool warp_pass(int BH, int V) {
   if (const char* e = getenv("WORKBENCH_GDN_MMA_PASS")) {
     if (!strcmp(e, "warp")) return true;
     if (!strcmp(e, "smem")) return false;
   }
-  return (long)BH * (V / 16) >= 3L * sm_count();
+  return 2L * BH * (V / 16) >= 5L * sm_count();
 }
 
 // The warps a block of the warp-resident pass: 16 value columns each, 2, 4 or 8 (V allowing;
