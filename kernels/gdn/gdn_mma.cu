@@ -953,28 +953,26 @@ int sm_count() {
   return sms;
 }
 
-// Which pass runs: the warp-resident one where it has at least 2.5 warps an SM (B HV V / 16
-// warps in all), the shared-memory one below that. A single warp's chain of products per chunk
-// is long (about 8 us a chunk on the H200 whether 2 or 8 warps share an SM), so the warp pass
-// needs warps to overlap; the shared-memory pass spreads a chunk over 8 warps a block. Measured
-// on the H200 (benchmarks/results/gdn-pass-ab-h200-2026-12-05.jsonl): B1 T8192 HV32 (2 warps an
-// SM) warp 1.19 ms against 0.65; B1 T2000 HV48 (2.9 an SM) 0.305 against 0.313; B4 T4096 HV32
-// (7.8 an SM) 0.87 against 1.28.
-// WORKBENCH_GDN_MMA_PASS=warp|smem forces one (tests, benchmarks); anything else: this rule.
-bool warp_pass(int BH, int V) {
+// Which pass runs, for B HV = BH sequences-heads and V value columns on a GPU of sms SMs: 0 for
+// the shared-memory pass, else the warps a block of the warp-resident pass (2, 4 or 8).
+// The warp-resident pass where it has at least 2.5 warps an SM (B HV V / 16 warps in all), the
+// shared-memory one below that. A single warp's chain of products per chunk is long (about 8 us
+// a chunk on the H200 whether 2 or 8 warps share an SM), so the warp pass needs warps to
+// overlap; the shared-memory pass spreads a chunk over 8 warps a block. Measured on the H200
+// (benchmarks/results/gdn-pass-ab-h200-2026-12-05.jsonl): B1 T8192 HV32 (1.9 warps an SM) warp
+// 1.19 ms against 0.65; B1 T2000 HV48 (2.9 an SM) 0.305 against 0.313; B4 T4096 HV32 (7.8 an
+// SM) 0.87 against 1.28.
+// Its block: 16 value columns a warp, 2, 4 or 8 warps (V allowing; float32 q, k, v: 2, for
+// shared memory); the fewest waves of blocks over the SMs, then the fewest warps a block (more
+// SMs at work, each warp its own scheduler). The arithmetic of a warp does not depend on it.
+// WORKBENCH_GDN_MMA_PASS=warp|smem forces a pass (tests, benchmarks); anything else: the rule.
+int pass_plan(int BH, int V, bool f32, int sms) {
+  bool warp = 2L * BH * (V / 16) >= 5L * sms;
   if (const char* e = getenv("WORKBENCH_GDN_MMA_PASS")) {
-    if (!strcmp(e, "warp")) return true;
-    if (!strcmp(e, "smem")) return false;
+    if (!strcmp(e, "warp")) warp = true;
+    if (!strcmp(e, "smem")) warp = false;
   }
-  return 2L * BH * (V / 16) >= 5L * sm_count();
-}
-
-// The warps a block of the warp-resident pass: 16 value columns each, 2, 4 or 8 (V allowing;
-// float32 q, k, v: 2, for shared memory). The fewest waves of blocks over the SMs, then the
-// fewest warps a block (more SMs at work, each warp its own scheduler). The arithmetic of a warp
-// does not depend on it.
-int pass_warps(int BH, int V, bool f32) {
-  const int sms = sm_count();
+  if (!warp) return 0;
   int best = 2;
   long best_waves = -1;
   for (int nw = 2; nw <= (f32 ? 2 : 8); nw *= 2) {
@@ -1025,11 +1023,11 @@ int launch_mma(const void* qv, const void* kv, const void* vv, const float* g, c
   }
   mma_prepare<K, QT><<<B * HV * NC, kThreads, s1, s>>>(q, k, g, beta, nq, nk, gcum, tinv, T, H,
                                                      HV, NC);
-  if (!warp_pass(B * HV, V)) {
+  const int nw = pass_plan(B * HV, V, is_f32<QT>, sm_count());
+  if (nw == 0) {
     mma_pass<K, QT><<<dim3(B * HV, V / kBV), kThreads, s2, s>>>(
         q, k, v, beta, nq, nk, gcum, tinv, state, o, T, H, HV, V, scale, odt, NC);
   } else {
-    const int nw = pass_warps(B * HV, V, is_f32<QT>);
     err = nw == 8   ? launch_wpass<K, QT, 8>(q, k, v, beta, nq, nk, gcum, tinv, state, o, B, T, H,
                                              HV, V, scale, odt, NC, s)
           : nw == 4 ? launch_wpass<K, QT, 4>(q, k, v, beta, nq, nk, gcum, tinv, state, o, B, T, H,
@@ -1057,6 +1055,13 @@ extern "C" {
 // Whether the tensor-core chunked path takes this shape (chunk 64): 1 or 0.
 int gdn_chunked_mma_supported(int K, int V) {
   return (K == 64 || K == 128) && (V == 32 || V == 64 || V == 96 || V == 128);
+}
+
+// The pass the mma path takes for B * HV = BH and V on a GPU of sms SMs (f32: float32 q, k, v):
+// 0 for the shared-memory pass, else the warp-resident pass's warps a block (2, 4 or 8); honours
+// WORKBENCH_GDN_MMA_PASS as the launcher does. Host code only: callable without a GPU.
+int gdn_mma_pass_plan(int BH, int V, int f32, int sms) {
+  return pass_plan(BH, V, f32 != 0, sms > 0 ? sms : 1);
 }
 
 // Tensor-core chunked prefill (chunk 64, fp32 accumulators, tf32 operands). q, k, v: float32

@@ -11,6 +11,7 @@ from workbench.kernels import _native, gdn
 from workbench.kernels.gdn import ext, oracle
 from workbench.kernels.gdn._cases import case_id, make_inputs
 from workbench.kernels.gdn._checks import l2norm
+from workbench.kernels.registry import kernel_log
 from workbench.numerics.policy import Policy
 
 pytestmark = pytest.mark.skipif(_native.find_cxx() is None, reason="no C++ compiler")
@@ -65,6 +66,39 @@ def test_cuda_mma_kernels_keep_registers(tmp_path):
     assert [len(v) for v in kinds.values()] == [6, 6, 14], sorted(seen)
     spills = [(name, n) for name, n in reports if name in seen and int(n)]
     assert not spills, spills
+
+
+@pytest.mark.skipif(_native.find_nvcc() is None, reason="nvcc not found")
+def test_mma_pass_plan(monkeypatch):
+    """The launcher's choice of pass, asked of the CUDA build on the CPU (host code): the
+    shared-memory pass below 2.5 warps an SM (B HV V / 16 warps), else the warp-resident pass with
+    the fewest waves of blocks, then the fewest warps a block; 2 warps for float32 inputs (shared
+    memory) and for V = 32 / 96; WORKBENCH_GDN_MMA_PASS forces a pass."""
+    monkeypatch.delenv("WORKBENCH_GDN_MMA_PASS", raising=False)
+    bf16, f32 = torch.bfloat16, torch.float32
+    cases = [  # (B, HV, V, dtype, SMs) -> pass
+        ((1, 32, 128, bf16, 132), "smem"),    # 256 warps: 1.9 an SM
+        ((1, 48, 128, bf16, 132), "warp4"),   # 384 warps: 2.9 an SM; 96 blocks of 4, one wave
+        ((2, 32, 128, bf16, 132), "warp4"),   # 512 warps: 128 blocks of 4
+        ((4, 32, 128, bf16, 132), "warp8"),   # 1024 warps: 128 blocks of 8
+        ((8, 32, 128, bf16, 132), "warp8"),   # 256 blocks of 8, two waves (4 of 4-warp blocks)
+        ((4, 32, 128, f32, 132), "warp2"),    # float32 q, k, v: 2 warps a block
+        ((16, 32, 96, bf16, 132), "warp2"),   # V = 96: 32 columns a block
+        ((32, 32, 32, bf16, 132), "warp2"),   # V = 32
+        ((1, 32, 64, bf16, 132), "smem"),     # K = V = 64 at B1: 128 warps
+        ((1, 48, 128, bf16, 200), "smem"),    # more SMs: the same grid is below the threshold
+        ((4, 16, 128, bf16, 1), "warp8"),     # one SM: the fewest waves are the largest blocks
+    ]
+    for (B, HV, V, dt, sms), want in cases:
+        assert ext.mma_pass(B, HV, V, dt, sms=sms) == want, (B, HV, V, dt, sms)
+    threshold = [HV for HV in range(1, 200) if ext.mma_pass(1, HV, 128, bf16, sms=132) != "smem"]
+    assert threshold[0] == 42  # 42 x 8 = 336 warps >= 2.5 x 132 = 330 > 41 x 8
+    monkeypatch.setenv("WORKBENCH_GDN_MMA_PASS", "warp")
+    assert ext.mma_pass(1, 4, 128, bf16, sms=132) == "warp2"
+    monkeypatch.setenv("WORKBENCH_GDN_MMA_PASS", "smem")
+    assert ext.mma_pass(8, 32, 128, bf16, sms=132) == "smem"
+    monkeypatch.setenv("WORKBENCH_GDN_MMA_PASS", "bogus")  # anything else: the rule
+    assert ext.mma_pass(8, 32, 128, bf16, sms=132) == "warp8"
 
 
 @pytest.mark.gpu
@@ -278,11 +312,15 @@ def test_cuda_mma_pass_choice(monkeypatch):
     for B, HV, want in ((1, 4, "smem"), (-(-5 * sms // (2 * 32 * 8)), 32, "warp")):
         x = make_inputs(B, 130, 16 if HV == 32 else 2, HV, 128, 128, dtype=torch.bfloat16,
                         state=True, seed=5, device="cuda")
-        out = {}
+        out, noted = {}, {}
         for p in ("auto", "warp", "smem"):
             monkeypatch.setenv("WORKBENCH_GDN_MMA_PASS", p)
-            out[p] = gdn.chunked(**x, qk_l2norm=True, backend="ext")
+            with kernel_log() as log:
+                out[p] = gdn.chunked(**x, qk_l2norm=True, backend="ext")
+            noted[p] = log.summary()[0]["path"]
+            assert noted[p] == "mma/" + ext.mma_pass(B, HV, 128, torch.bfloat16)
         assert all(torch.equal(a, b) for a, b in zip(out["auto"], out[want])), (B, HV, want)
+        assert noted["auto"].startswith(f"mma/{want}") and noted["smem"] == "mma/smem"
         assert workbench.compare(out["smem"][1], out["warp"][1]).rel_l2 <= 1e-5
         assert workbench.compare(out["smem"][0].float(), out["warp"][0].float()).rel_l2 <= 1e-3
 

@@ -82,6 +82,8 @@ def library(kind: str) -> ctypes.CDLL:
         entries = {f"gdn_recurrent_{kind}": GdnArgs, f"gdn_chunked_{kind}": GdnArgs}
         if kind == "cuda":
             entries["gdn_chunked_mma_cuda"] = GdnArgs
+            plan = lib.gdn_mma_pass_plan
+            plan.argtypes, plan.restype = [_I, _I, _I, _I], _I
         _abi.bind(lib, entries)
         _abi.check_layout(lib, GdnArgs)
         if kind == "cpu":
@@ -128,10 +130,28 @@ def cuda_path(s, C, acc64, input_dtype=None, policy_path: str = "auto") -> str:
     return want
 
 
+def mma_pass(B: int, HV: int, V: int, dtype: torch.dtype, sms: int | None = None) -> str:
+    """The pass the mma path's launcher takes for ``B`` x ``HV`` heads of ``V`` value columns with
+    q, k, v in ``dtype``: ``"smem"`` (the shared-memory pass) or ``"warpN"`` (the warp-resident
+    pass, N warps a block), on a GPU of ``sms`` SMs (None: the current CUDA device's). The
+    launcher's own rule (``kernels/gdn/gdn_mma.cu``, ``WORKBENCH_GDN_MMA_PASS`` included), asked
+    of the CUDA build; needs nvcc, not a GPU, when ``sms`` is given."""
+    if sms is None:
+        sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    nw = library("cuda").gdn_mma_pass_plan(int(B) * int(HV), int(V), int(dtype == torch.float32),
+                                          int(sms))
+    return f"warp{nw}" if nw else "smem"
+
+
 def _refuse_mma(op: str, q: torch.Tensor):
     raise PolicyError(f"policy.cuda_path='mma': the tensor-core path exists for the CUDA chunked form only, "
                       f"not for {op} on {q.device.type} tensors", key="cuda_path",
                       fix="use cuda_path='auto' or 'scalar'")
+
+
+@lru_cache(maxsize=None)
+def _sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 class Staged(NamedTuple):
@@ -161,7 +181,9 @@ def staged(op, q, k, v, g, beta, scale=None, initial_state=None, qk_l2norm=False
         path = cuda_path(s, C, acc64, torch_dtype(p.input_dtype) if p.input_dtype else q.dtype, p.cuda_path)
     elif p.cuda_path == "mma":
         _refuse_mma(op, tensors[0])
-    note_path(path)
+    # the kernel log gets the mma path's pass too ("mma/smem", "mma/warp4", ...)
+    note_path(path if path != "mma" else
+              f"mma/{mma_pass(s.B, s.HV, s.V, tensors[0].dtype, _sm_count(tensors[0].device))}")
     if not (path == "mma" and tensors[0].dtype in (torch.bfloat16, torch.float16)):
         tensors = (*(x.to(torch.float32).contiguous() for x in tensors[:3]), *tensors[3:])
     if qk_l2norm and path != "mma":
