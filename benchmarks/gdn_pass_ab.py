@@ -1,7 +1,8 @@
 """A/B of the GDN mma prefill's two passes: the warp-resident pass and the shared-memory pass,
 each forced (WORKBENCH_GDN_MMA_PASS, read by the launcher at each call), with fla's
 chunk_gated_delta_rule alongside, over the prefill shapes of gdn_matrix.py, in one process. Times
-are CUDA-graph replays (median of triton's do_bench); "auto" is the launcher's own choice.
+are CUDA-graph replays (median of triton's do_bench); "auto" is the launcher's own choice
+(auto_plan: the pass ext.mma_pass names; auto_took: the forced pass(es) auto matched bit for bit).
 
     python benchmarks/gdn_pass_ab.py --out benchmarks/results/gdn-pass-ab-h200-YYYY-MM-DD.json
 """
@@ -24,6 +25,7 @@ from gdn import _bench, _fla, _graphed, _versions  # noqa: E402
 from gdn_matrix import PREFILL, _inputs, _rel  # noqa: E402
 
 from workbench.kernels import gdn  # noqa: E402
+from workbench.kernels.gdn import ext  # noqa: E402
 
 VARIANTS = ("warp", "smem", "auto")
 
@@ -59,13 +61,14 @@ def main():
             return chunk(q=x["q"], k=x["k"], v=x["v"], g=x["g"].float(),
                          beta=x["beta"].to(x["q"].dtype), initial_state=s0.float(),
                          output_final_state=True, use_qk_l2norm_in_kernel=norm, **extra)
-        row = {"shape": name}
+        # the launcher's rule (packed batches run one launch per sequence: B = 1)
+        row = {"shape": name, "auto_plan": ext.mma_pass(1 if lengths else B, HV, V, x["q"].dtype)}
         outs = {}
         for label in VARIANTS:
             _force(label)
             outs[label] = ours()
             row[f"ms_{label}"] = _bench(_graphed(ours))
-        of, sf = peer()
+        of, _ = peer()
         row["ms_fla"] = _bench(_graphed(peer))
         for label in VARIANTS:
             row[f"ratio_{label}"] = row["ms_fla"] / row[f"ms_{label}"]
