@@ -844,18 +844,22 @@ mma_wpass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restri
       a[0] = __float_as_uint(c[0]), a[1] = __float_as_uint(c[2]), a[2] = __float_as_uint(c[1]),
       a[3] = __float_as_uint(c[3]);
     };
+    // acc^T += R^T M^T for a lower-triangular 64 x 64 M (row stride kPS) in shared memory
+    auto r_times_lower = [&](const float* M, float (&acc)[8][4]) {
 #pragma unroll
-    for (int ks = 0; ks < 8; ++ks) {
-      uint32_t a[4];
-      a_of(x[ks], a);
-      const float* p = PTv + 8 * ks + 2 * tq + gq * kPS;
+      for (int ks = 0; ks < 8; ++ks) {
+        uint32_t a[4];
+        a_of(x[ks], a);
+        const float* p = M + 8 * ks + 2 * tq + gq * kPS;
 #pragma unroll
-      for (int nt = ks; nt < 8; ++nt) {
-        uint32_t b0, b1;
-        b_frag<1, false>(p + 8 * nt * kPS, b0, b1);
-        mma8(y[nt], a, b0, b1);
+        for (int nt = ks; nt < 8; ++nt) {
+          uint32_t b0, b1;
+          b_frag<1, false>(p + 8 * nt * kPS, b0, b1);
+          mma8(acc[nt], a, b0, b1);
+        }
       }
-    }
+    };
+    r_times_lower(PTv, y);
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
@@ -873,18 +877,7 @@ mma_wpass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restri
       }
     float u[8][4];
     zero1(u);
-#pragma unroll
-    for (int ks = 0; ks < 8; ++ks) {
-      uint32_t a[4];
-      a_of(x[ks], a);
-      const float* p = Tv + 8 * ks + 2 * tq + gq * kPS;
-#pragma unroll
-      for (int nt = ks; nt < 8; ++nt) {
-        uint32_t b0, b1;
-        b_frag<1, false>(p + 8 * nt * kPS, b0, b1);
-        mma8(u[nt], a, b0, b1);
-      }
-    }
+    r_times_lower(Tv, u);
     // the decayed, normed U^T (rounded): the update's A operand
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt)
