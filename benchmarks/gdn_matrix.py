@@ -63,29 +63,38 @@ def _rel(a, b):
     return float(workbench.compare(a.float().cpu(), b.float().cpu()).rel_l2)
 
 
+def prefill_calls(chunk, B, T, H, HV, K, V, norm):
+    """One prefill shape's inputs and its two calls: ours (the public ``gdn.chunked``, ext) and
+    fla's ``chunk`` on the same tensors. ``T``: a length, or a list of packed sequence lengths
+    (``cu_seqlens``, one initial state per sequence). Returns (ours, peer, lengths or None, total
+    tokens, q's dtype)."""
+    lengths = T if isinstance(T, list) else None
+    total = sum(lengths) if lengths else T
+    x = _inputs(B, total, H, HV, K, V, norm)
+    cu, s0 = None, x["initial_state"]
+    if lengths:
+        cu = [0]
+        for n in lengths:
+            cu.append(cu[-1] + n)
+        s0 = (0.1 * torch.randn(len(lengths), HV, K, V, device="cuda"))
+    cu_t = torch.tensor(cu, dtype=torch.long, device="cuda") if cu else None
+    extra = {"cu_seqlens": cu_t} if cu else {}
+
+    def ours():
+        return gdn.chunked(x["q"], x["k"], x["v"], x["g"], x["beta"], initial_state=s0, qk_l2norm=norm,
+                           cu_seqlens=cu, backend="ext")
+
+    def peer():
+        return chunk(q=x["q"], k=x["k"], v=x["v"], g=x["g"].float(), beta=x["beta"].to(x["q"].dtype),
+                     initial_state=s0.float(), output_final_state=True, use_qk_l2norm_in_kernel=norm, **extra)
+    return ours, peer, lengths, total, x["q"].dtype
+
+
 def prefill(rows, errors):
     chunk, _ = _fla()
     for name, B, T, H, HV, K, V, norm in PREFILL:
         try:
-            lengths = T if isinstance(T, list) else None
-            total = sum(lengths) if lengths else T
-            x = _inputs(B, total, H, HV, K, V, norm)
-            cu, s0 = None, x["initial_state"]
-            if lengths:
-                cu = [0]
-                for n in lengths:
-                    cu.append(cu[-1] + n)
-                s0 = (0.1 * torch.randn(len(lengths), HV, K, V, device="cuda"))
-            cu_t = torch.tensor(cu, dtype=torch.long, device="cuda") if cu else None
-            extra = {"cu_seqlens": cu_t} if cu else {}
-
-            def ours():
-                return gdn.chunked(x["q"], x["k"], x["v"], x["g"], x["beta"], initial_state=s0, qk_l2norm=norm,
-                                   cu_seqlens=cu, backend="ext")
-
-            def peer():
-                return chunk(q=x["q"], k=x["k"], v=x["v"], g=x["g"].float(), beta=x["beta"].to(x["q"].dtype),
-                             initial_state=s0.float(), output_final_state=True, use_qk_l2norm_in_kernel=norm, **extra)
+            ours, peer, lengths, total, _ = prefill_calls(chunk, B, T, H, HV, K, V, norm)
             o1, s1 = ours()
             o2, s2 = peer()
             t_ours, t_peer = _bench(_graphed(ours)), _bench(_graphed(peer))

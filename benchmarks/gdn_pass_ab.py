@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gdn import _bench, _fla, _graphed, _versions  # noqa: E402
-from gdn_matrix import PREFILL, _inputs, _rel  # noqa: E402
+from gdn_matrix import PREFILL, _rel, prefill_calls  # noqa: E402
 
 from workbench.kernels import gdn  # noqa: E402
 from workbench.kernels.gdn import ext  # noqa: E402
@@ -42,27 +42,9 @@ def main():
     rows = []
     # the grids the launcher gives the warp-resident pass (most warps) first
     for name, B, T, H, HV, K, V, norm in sorted(PREFILL, key=lambda r: -r[1] * r[4] * r[6]):
-        lengths = T if isinstance(T, list) else None
-        total = sum(lengths) if lengths else T
-        x = _inputs(B, total, H, HV, K, V, norm)
-        cu, s0 = None, x["initial_state"]
-        if lengths:
-            cu = [0]
-            for n in lengths:
-                cu.append(cu[-1] + n)
-            s0 = 0.1 * torch.randn(len(lengths), HV, K, V, device="cuda")
-        extra = {"cu_seqlens": torch.tensor(cu, dtype=torch.long, device="cuda")} if cu else {}
-
-        def ours():
-            return gdn.chunked(x["q"], x["k"], x["v"], x["g"], x["beta"], initial_state=s0,
-                               qk_l2norm=norm, cu_seqlens=cu, backend="ext")
-
-        def peer():
-            return chunk(q=x["q"], k=x["k"], v=x["v"], g=x["g"].float(),
-                         beta=x["beta"].to(x["q"].dtype), initial_state=s0.float(),
-                         output_final_state=True, use_qk_l2norm_in_kernel=norm, **extra)
+        ours, peer, lengths, _, dtype = prefill_calls(chunk, B, T, H, HV, K, V, norm)
         # the launcher's rule (packed batches run one launch per sequence: B = 1)
-        row = {"shape": name, "auto_plan": ext.mma_pass(1 if lengths else B, HV, V, x["q"].dtype)}
+        row = {"shape": name, "auto_plan": ext.mma_pass(1 if lengths else B, HV, V, dtype)}
         outs = {}
         for label in VARIANTS:
             _force(label)
