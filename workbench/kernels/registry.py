@@ -473,12 +473,14 @@ def backend_op(fn):
     return op
 
 
-def note_path(path: str) -> None:
+def note_path(path) -> None:
     """Called by a backend inside a dispatched call: the code path it took (e.g. "mma" or
-    "scalar" for the tensor-core choice), recorded with the call in :func:`kernel_log`."""
+    "scalar" for the tensor-core choice), recorded with the call in :func:`kernel_log`. ``path``
+    may be a function returning it, called only when a log is recording (work the call itself
+    does not need stays off the hot path)."""
     ev = _CURRENT.get()
     if ev is not None:
-        ev["path"] = path
+        ev["path"] = path() if callable(path) else path
 
 
 class KernelLog:

@@ -130,6 +130,11 @@ def cuda_path(s, C, acc64, input_dtype=None, policy_path: str = "auto") -> str:
     return want
 
 
+@lru_cache(maxsize=None)
+def _sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
 def mma_pass(B: int, HV: int, V: int, dtype: torch.dtype, sms: int | None = None) -> str:
     """The pass the mma path's launcher takes for ``B`` x ``HV`` heads of ``V`` value columns with
     q, k, v in ``dtype``: ``"smem"`` (the shared-memory pass) or ``"warpN"`` (the warp-resident
@@ -137,7 +142,7 @@ def mma_pass(B: int, HV: int, V: int, dtype: torch.dtype, sms: int | None = None
     launcher's own rule (``kernels/gdn/gdn_mma.cu``, ``WORKBENCH_GDN_MMA_PASS`` included), asked
     of the CUDA build; needs nvcc, not a GPU, when ``sms`` is given."""
     if sms is None:
-        sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+        sms = _sm_count(torch.device("cuda", torch.cuda.current_device()))
     nw = library("cuda").gdn_mma_pass_plan(int(B) * int(HV), int(V), int(dtype == torch.float32),
                                           int(sms))
     return f"warp{nw}" if nw else "smem"
@@ -147,11 +152,6 @@ def _refuse_mma(op: str, q: torch.Tensor):
     raise PolicyError(f"policy.cuda_path='mma': the tensor-core path exists for the CUDA chunked form only, "
                       f"not for {op} on {q.device.type} tensors", key="cuda_path",
                       fix="use cuda_path='auto' or 'scalar'")
-
-
-@lru_cache(maxsize=None)
-def _sm_count(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 class Staged(NamedTuple):
@@ -181,9 +181,10 @@ def staged(op, q, k, v, g, beta, scale=None, initial_state=None, qk_l2norm=False
         path = cuda_path(s, C, acc64, torch_dtype(p.input_dtype) if p.input_dtype else q.dtype, p.cuda_path)
     elif p.cuda_path == "mma":
         _refuse_mma(op, tensors[0])
-    # the kernel log gets the mma path's pass too ("mma/smem", "mma/warp4", ...)
+    # the kernel log gets the mma path's pass too ("mma/smem", "mma/warp4", ...), asked only
+    # while a log records
     note_path(path if path != "mma" else
-              f"mma/{mma_pass(s.B, s.HV, s.V, tensors[0].dtype, _sm_count(tensors[0].device))}")
+              lambda: f"mma/{mma_pass(s.B, s.HV, s.V, tensors[0].dtype, _sm_count(tensors[0].device))}")
     if not (path == "mma" and tensors[0].dtype in (torch.bfloat16, torch.float16)):
         tensors = (*(x.to(torch.float32).contiguous() for x in tensors[:3]), *tensors[3:])
     if qk_l2norm and path != "mma":
