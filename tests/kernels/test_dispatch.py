@@ -98,3 +98,21 @@ def test_call_is_the_family_entry_point():
     o1, s1 = call("gdn", "torch", "recurrent", *(x[k] for k in ("q", "k", "v", "g", "beta")))
     o2, s2 = gdn.recurrent(**x)
     assert torch.equal(o1, o2) and torch.equal(s1, s2)
+
+
+def test_note_path_calls_a_function_only_while_a_log_records():
+    from workbench.kernels import registry
+    calls = []
+
+    def path():
+        calls.append(1)
+        return "mma/warp4"
+    registry.note_path(path)  # no dispatched call recording: nothing asked
+    assert calls == []
+    event = {"path": None}
+    token = registry._CURRENT.set(event)  # what call() sets while a kernel_log records
+    try:
+        registry.note_path(path)
+    finally:
+        registry._CURRENT.reset(token)
+    assert calls == [1] and event["path"] == "mma/warp4"
