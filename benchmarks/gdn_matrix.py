@@ -2,8 +2,10 @@
 the minimum ratio across shapes, not the best shape.
 
 Prefill: ``gdn.chunked(backend="ext")`` (the public call) against fla's ``chunk_gated_delta_rule``
-over B, T, H, HV, K/V, a packed varlen batch (``cu_seqlens``: ext runs each sequence alone, fla
-its own packed kernel) and the q/k L2 norm in the kernel or done up front. Decode (T = 1): ext
+over B, T, H, HV, K/V, packed varlen batches (``cu_seqlens``: ext's tensor-core path runs the
+packed batch in one launch pair per 128 sequences, fla its own packed kernel) and the q/k L2 norm
+in the kernel or done up front. Each row records the code path ext took (``kernel_log``: the mma
+pass, ``mma/smem`` or ``mma/warpN``). Decode (T = 1): ext
 and numba ``gdn.recurrent`` (the public call: bf16 q, k, v, float32 g, beta and state, bf16 o)
 against fla's ``fused_recurrent_gated_delta_rule`` at B = 1..256, with and without the L2 norm in
 the kernel.
@@ -33,6 +35,7 @@ from gdn import _bench, _fla, _graphed, _versions  # noqa: E402
 
 import workbench  # noqa: E402
 from workbench.kernels import gdn  # noqa: E402
+from workbench.kernels.registry import kernel_log  # noqa: E402
 from workbench.kernels.gdn._cases import make_inputs  # noqa: E402
 from workbench.kernels.gdn._checks import l2norm  # noqa: E402
 
@@ -48,6 +51,7 @@ PREFILL = [
     ("B1 T4096 H16 HV32 K64 V64", 1, 4096, 16, 32, 64, 64, False),
     ("varlen 5 seqs (1000,3001,500,2048,77) H16 HV32", 1, [1000, 3001, 500, 2048, 77], 16, 32, 128, 128, False),
     ("varlen 16 seqs of 512 H16 HV32", 1, [512] * 16, 16, 32, 128, 128, False),
+    ("varlen 64 seqs of 256 H16 HV32", 1, [256] * 64, 16, 32, 128, 128, False),
 ]
 DECODE_B = (1, 16, 64, 256)
 
@@ -90,25 +94,30 @@ def prefill_calls(chunk, B, T, H, HV, K, V, norm):
     return ours, peer, lengths, total, x["q"].dtype
 
 
-def prefill(rows, errors):
+def prefill(rows, errors, dump=lambda: None, only=None):
     chunk, _ = _fla()
     for name, B, T, H, HV, K, V, norm in PREFILL:
+        if only and not any(o in name for o in only):
+            continue
         try:
             ours, peer, lengths, total, _ = prefill_calls(chunk, B, T, H, HV, K, V, norm)
-            o1, s1 = ours()
+            with kernel_log() as log:
+                o1, s1 = ours()
             o2, s2 = peer()
             t_ours, t_peer = _bench(_graphed(ours)), _bench(_graphed(peer))
             rows.append({"kind": "prefill", "shape": name, "B": B, "T": total, "H": H, "HV": HV, "K": K, "V": V,
                          "varlen": bool(lengths), "norm_in_kernel": norm, "ours": "ext gdn.chunked",
+                         "path": [r["path"] for r in log.summary()], "calls": sum(r["calls"] for r in log.summary()),
                          "ms_ours": t_ours, "ms_fla": t_peer, "ratio": t_peer / t_ours,
                          "rel_l2_o_vs_fla": _rel(o1, o2), "rel_l2_state_vs_fla": _rel(s1, s2)})
             print(json.dumps(rows[-1]))
         except Exception:
             errors.append({"shape": name, "error": traceback.format_exc()[-1500:]})
             print(name, "failed", errors[-1]["error"][-400:])
+        dump()
 
 
-def decode(rows, errors, backends=("ext", "numba")):
+def decode(rows, errors, backends=("ext", "numba"), dump=lambda: None):
     _, fused = _fla()
     for B in DECODE_B:
         for norm in (False, True):
@@ -136,19 +145,18 @@ def decode(rows, errors, backends=("ext", "numba")):
                 except Exception:
                     errors.append({"shape": f"decode {name} {be}", "error": traceback.format_exc()[-1500:]})
                     print(be, name, "failed", errors[-1]["error"][-400:])
+                dump()
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--skip", nargs="*", default=[], choices=["prefill", "decode"])
+    ap.add_argument("--only", nargs="*", default=None, help="prefill shapes whose name contains one of these")
     ap.add_argument("--decode-backends", nargs="+", default=["ext", "numba"], choices=["ext", "numba"])
     args = ap.parse_args()
     rows, errors = [], []
-    if "prefill" not in args.skip:
-        prefill(rows, errors)
-    if "decode" not in args.skip:
-        decode(rows, errors, args.decode_backends)
+    started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
     def least(kind, ours):
         r = [x for x in rows if x["kind"] == kind and x["ours"].startswith(ours)]
@@ -156,16 +164,24 @@ def main():
             return None
         m = min(r, key=lambda x: x["ratio"])
         return {"min_ratio": m["ratio"], "at": m["shape"], "max_ratio": max(x["ratio"] for x in r), "shapes": len(r)}
-    summary = {"prefill ext vs fla chunk": least("prefill", "ext"), "decode ext vs fla fused_recurrent": least("decode", "ext"),
-               "decode numba vs fla fused_recurrent": least("decode", "numba")}
-    out = {"benchmark": "gdn_matrix", "command": "python " + " ".join(sys.argv),
-           "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-           "device": torch.cuda.get_device_name(), "versions": _versions(),
-           "timing": "CUDA-graph replay, median of triton.testing.do_bench; ratio = fla ms / ours ms",
-           "summary": summary, "rows": rows, "errors": errors}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(out, indent=1))
-    print("summary:", json.dumps(summary))
+
+    def dump():  # after every row: a run cut short keeps what it measured
+        summary = {"prefill ext vs fla chunk": least("prefill", "ext"),
+                   "decode ext vs fla fused_recurrent": least("decode", "ext"),
+                   "decode numba vs fla fused_recurrent": least("decode", "numba")}
+        out = {"benchmark": "gdn_matrix", "command": "python " + " ".join(sys.argv), "date": started,
+               "device": torch.cuda.get_device_name(), "versions": _versions(),
+               "timing": "CUDA-graph replay, median of triton.testing.do_bench; ratio = fla ms / ours ms",
+               "summary": summary, "rows": rows, "errors": errors}
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(out, indent=1))
+        return summary
+
+    if "prefill" not in args.skip:
+        prefill(rows, errors, dump, args.only)
+    if "decode" not in args.skip:
+        decode(rows, errors, args.decode_backends, dump)
+    print("summary:", json.dumps(dump()))
 
 
 if __name__ == "__main__":

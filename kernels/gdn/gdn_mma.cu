@@ -284,6 +284,49 @@ __device__ __forceinline__ void load_tile(T* dst, const T* src, long sst, int L,
   }
 }
 
+// -------------------------------------------------------------------------- packed batches
+
+// A packed (varlen) batch's sequences for one launch, passed by value: sequence i is tokens
+// tok[i] .. tok[i + 1] of a batch of one (absolute along T) and chunks chk[i] .. chk[i + 1] of the
+// launch's workspace (each sequence chunked from its own first token: no chunk crosses a
+// boundary). n = 0: not packed, a batch of B sequences of T tokens. Larger packed batches take
+// one launch per kSeqs sequences.
+constexpr int kSeqs = 128;
+struct Packed {
+  int n;                // sequences of this launch (0: a plain batch)
+  int nc;               // their chunks, all together
+  int tok[kSeqs + 1];   // token offsets
+  int chk[kSeqs + 1];   // chunk offsets, from 0
+};
+
+// Where a block's sequence lies: b the batch index of the token tensors (q, k, v, g, beta, o, the
+// workspace rows), first its first token, len its tokens, sb its state's index, nc its chunks and
+// crow the workspace row (in chunks) of its first chunk.
+struct SeqAt {
+  int b, first, len, sb, nc;
+  long crow;
+};
+
+// The sequence of the pass's block x = sequence * HV + hv (both passes).
+__device__ __forceinline__ SeqAt pass_seq(const Packed& pk, int x, int HV, int T, int NC) {
+  const int i = x / HV, hv = x % HV;
+  if (pk.n == 0) return SeqAt{i, 0, T, i, NC, (long)x * NC};
+  return SeqAt{0, pk.tok[i], pk.tok[i + 1] - pk.tok[i], i, pk.chk[i + 1] - pk.chk[i],
+               (long)hv * pk.nc + pk.chk[i]};
+}
+
+// The sequence holding chunk c of a packed launch (the last i with chk[i] <= c: empty sequences,
+// which own no chunk, are passed over).
+__device__ __forceinline__ int packed_seq_of_chunk(const Packed& pk, int c) {
+  int lo = 0, hi = pk.n - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) >> 1;
+    if (pk.chk[mid] <= c) lo = mid;
+    else hi = mid - 1;
+  }
+  return lo;
+}
+
 // ---------------------------------------------------------------------------- q, k L2 norms
 
 // Row (b, t, h) of the per-row arrays nq, nk [B, T, H].
@@ -388,7 +431,7 @@ __global__ void __launch_bounds__(kThreads, 2)
 mma_prepare(const QT* __restrict__ q, const QT* __restrict__ k, const float* __restrict__ g,
             const float* __restrict__ beta, const float* __restrict__ nq,
             const float* __restrict__ nk, float* __restrict__ gcum, float* __restrict__ tinv,
-            int T, int H, int HV, int NC) {
+            int T, int H, int HV, int NC, const Packed pk) {
   using S = PrepSmem<K, QT>;
   constexpr int SK = S::SK;
   extern __shared__ float4 smem4[];
@@ -403,8 +446,17 @@ mma_prepare(const QT* __restrict__ q, const QT* __restrict__ k, const float* __r
   float* bt = sm + S::bt;  // [C] beta
   float* nqv = sm + S::nq;  // [C] the L2-norm factors of the queries (1: none)
   float* nkv = sm + S::nk;  // [C] and of the keys
-  const int bh = blockIdx.x / NC, n = blockIdx.x % NC, b = bh / HV, hv = bh % HV;
-  const int h = hv / (HV / H), t0 = n * kC, L = gdn::imin(kC, T - t0);
+  // block x = (b HV + hv) NC + chunk, or packed: hv pk.nc + chunk (NC = pk.nc)
+  int b, hv, t0, L;
+  if (pk.n == 0) {
+    const int bh = blockIdx.x / NC, n = blockIdx.x % NC;
+    b = bh / HV, hv = bh % HV, t0 = n * kC, L = gdn::imin(kC, T - t0);
+  } else {
+    const int c = blockIdx.x % pk.nc, i = packed_seq_of_chunk(pk, c);
+    b = 0, hv = blockIdx.x / pk.nc, t0 = pk.tok[i] + (c - pk.chk[i]) * kC;
+    L = gdn::imin(kC, pk.tok[i + 1] - t0);
+  }
+  const int h = hv / (HV / H);
   const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, gq = lane >> 2, tq = lane & 3;
   float* out = tinv + (long)blockIdx.x * 2 * kC * kC;  // Tinv, then PT
   load_tile<kC, K, SK>(Ks, k + gdn::qk_index(b, t0, h, T, H, K), (long)H * K, L, tid);
@@ -546,7 +598,7 @@ mma_pass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restric
          const float* __restrict__ beta, const float* __restrict__ nq,
          const float* __restrict__ nk, const float* __restrict__ gcum,
          const float* __restrict__ tinv, float* __restrict__ state, void* __restrict__ o, int T,
-         int H, int HV, int V, float scale, int odt, int NC) {
+         int H, int HV, int V, float scale, int odt, int NC, const Packed pk) {
   using P = PassStage<K, QT>;
   using M = PassSmem<K, QT>;
   constexpr int SKK = P::SKK, SQ = M::SQ, SST = M::SST, SUT = M::SUT, NT3 = K == 128 ? 4 : 2;
@@ -556,11 +608,13 @@ mma_pass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restric
   float* Ud = sm + M::Ud;  // [BV][SUT]  tf32(exp(gc_last - gc_j) nk_j U_j), transposed
   float* Rs = sm + M::Rs;  // [C][SR]    tf32(R)
   QT* Qs = reinterpret_cast<QT*>(sm + M::Qs);  // [C][SQ]  the chunk's queries as given
-  const int b = blockIdx.x / HV, hv = blockIdx.x % HV, h = hv / (HV / H), c0 = blockIdx.y * kBV;
+  const SeqAt sq = pass_seq(pk, blockIdx.x, HV, T, NC);
+  const int b = sq.b, hv = blockIdx.x % HV, h = hv / (HV / H), c0 = blockIdx.y * kBV;
+  const int tend = sq.first + sq.len;
   const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, gq = lane >> 2, tq = lane & 3;
   const int r3 = K == 128 ? 16 * w : 16 * (w & 3), n3 = K == 128 ? 0 : 16 * (w >> 2);
   const int r1 = 16 * (w & 3), n1 = 16 * (w >> 2);
-  float* st = state + gdn::state_index(b, hv, HV, K, V) + c0;
+  float* st = state + gdn::state_index(sq.sb, hv, HV, K, V) + c0;
   float s[1][NT3][4];  // rows r3 + gq (+8), columns n3 + 8nt + 2tq (+1)
 #pragma unroll
   for (int nt = 0; nt < NT3; ++nt)
@@ -572,11 +626,11 @@ mma_pass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restric
       s[0][nt][2 * hf + 1] = x.y;
     }
   auto issue = [&](int n) {
-    const int t0 = n * kC, L = gdn::imin(kC, T - t0);
+    const int t0 = sq.first + n * kC, L = gdn::imin(kC, tend - t0);
     float* sb = sm + (n & 1) * P::floats;
     load_tile<kC, K, SKK>(reinterpret_cast<QT*>(sb + P::Kk), k + gdn::qk_index(b, t0, h, T, H, K),
                           (long)H * K, L, tid);
-    load_tile<2 * kC, kC, kPS>(sb + P::Tv, tinv + ((long)blockIdx.x * NC + n) * 2 * kC * kC, kC,
+    load_tile<2 * kC, kC, kPS>(sb + P::Tv, tinv + (sq.crow + n) * 2 * kC * kC, kC,
                                2 * kC, tid);  // Tinv and PT
     load_tile<kC, kBV, P::SVT>(reinterpret_cast<QT*>(sb + P::Vt),
                                v + gdn::v_index(b, t0, hv, T, HV, V) + c0, (long)HV * V, L, tid);
@@ -595,15 +649,17 @@ mma_pass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restric
     cp_commit();
   };
   auto issue_q = [&](int n) {
-    const int t0 = n * kC, L = gdn::imin(kC, T - t0);
+    const int t0 = sq.first + n * kC, L = gdn::imin(kC, tend - t0);
     load_tile<kC, K, SQ>(Qs, q + gdn::qk_index(b, t0, h, T, H, K), (long)H * K, L, tid);
     cp_commit();
   };
   static_assert(4 * kC == kThreads, "one per-row value per thread");
-  issue(0);
-  issue_q(0);
-  for (int n = 0; n < NC; ++n) {
-    const int t0 = n * kC, L = gdn::imin(kC, T - t0);
+  if (sq.nc > 0) {
+    issue(0);
+    issue_q(0);
+  }
+  for (int n = 0; n < sq.nc; ++n) {
+    const int t0 = sq.first + n * kC, L = gdn::imin(kC, tend - t0);
     // the state before this chunk, rounded, to shared memory (the B operand of K S and Q S)
 #pragma unroll
     for (int nt = 0; nt < NT3; ++nt)
@@ -615,7 +671,7 @@ mma_pass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restric
       }
     cp_wait<0>();
     __syncthreads();  // this chunk's inputs and S are in place; the other stage is free
-    if (n + 1 < NC) issue(n + 1);
+    if (n + 1 < sq.nc) issue(n + 1);
     const float* sb = sm + (n & 1) * P::floats;
     const QT* Kc = reinterpret_cast<const QT*>(sb + P::Kk);
     const QT* Vc = reinterpret_cast<const QT*>(sb + P::Vt);
@@ -652,7 +708,7 @@ mma_pass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restric
       }
     }
     __syncthreads();  // R is complete; every warp is done with the queries
-    if (n + 1 < NC) issue_q(n + 1);
+    if (n + 1 < sq.nc) issue_q(n + 1);
     {  // U = Tinv R and PT R (both lower triangular: depth r1 + 16), sharing R's fragments
       float u[1][2][4], y[1][2][4];
       zero(u);
@@ -734,30 +790,31 @@ mma_wpass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restri
           const float* __restrict__ beta, const float* __restrict__ nq,
           const float* __restrict__ nk, const float* __restrict__ gcum,
           const float* __restrict__ tinv, float* __restrict__ state, void* __restrict__ o, int T,
-          int H, int HV, int V, float scale, int odt, int NC) {
+          int H, int HV, int V, float scale, int odt, int NC, const Packed pk) {
   using P = WarpStage<K, QT, NW>;
   constexpr int NTH = 32 * NW, NS = K / 8, SKK = P::SKK, SVT = P::SVT;
   constexpr bool cq = is_f32<QT>;  // raw float32 q, k: rounded to tf32 at the fragment load
   constexpr bool kLdsm = !cq;  // 16-bit keys and queries: B fragments by ldmatrix
   extern __shared__ float4 smem4[];
   float* sm = reinterpret_cast<float*>(smem4);
-  const int b = blockIdx.x / HV, hv = blockIdx.x % HV, h = hv / (HV / H);
+  const SeqAt sq = pass_seq(pk, blockIdx.x, HV, T, NC);
+  const int b = sq.b, hv = blockIdx.x % HV, h = hv / (HV / H), tend = sq.first + sq.len;
   const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, gq = lane >> 2, tq = lane & 3;
   const int wc = 16 * w, c0 = blockIdx.y * P::BV + wc;  // the warp's columns: c0 + 0..15
-  float* st = state + gdn::state_index(b, hv, HV, K, V) + c0;
+  float* st = state + gdn::state_index(sq.sb, hv, HV, K, V) + c0;
   float s[NS][4];
 #pragma unroll
   for (int j = 0; j < NS; ++j)
 #pragma unroll
     for (int r = 0; r < 4; ++r) s[j][r] = st[(long)(8 * j + 2 * tq + (r & 1)) * V + gq + 8 * (r >> 1)];
   auto issue = [&](int n) {
-    const int t0 = n * kC, L = gdn::imin(kC, T - t0);
+    const int t0 = sq.first + n * kC, L = gdn::imin(kC, tend - t0);
     float* sb = sm + (n & 1) * P::floats;
     load_tile<kC, K, SKK, NTH>(reinterpret_cast<QT*>(sb + P::Kk),
                                k + gdn::qk_index(b, t0, h, T, H, K), (long)H * K, L, tid);
     load_tile<kC, K, SKK, NTH>(reinterpret_cast<QT*>(sb + P::Qq),
                                q + gdn::qk_index(b, t0, h, T, H, K), (long)H * K, L, tid);
-    load_tile<2 * kC, kC, kPS, NTH>(sb + P::Tv, tinv + ((long)(b * HV + hv) * NC + n) * 2 * kC * kC,
+    load_tile<2 * kC, kC, kPS, NTH>(sb + P::Tv, tinv + (sq.crow + n) * 2 * kC * kC,
                                     kC, 2 * kC, tid);  // Tinv and PT
     load_tile<kC, P::BV, SVT, NTH>(reinterpret_cast<QT*>(sb + P::Vt),
                                    v + gdn::v_index(b, t0, hv, T, HV, V) + blockIdx.y * P::BV,
@@ -776,12 +833,12 @@ mma_wpass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restri
     }
     cp_commit();
   };
-  issue(0);
-  for (int n = 0; n < NC; ++n) {
-    const int t0 = n * kC, L = gdn::imin(kC, T - t0);
+  if (sq.nc > 0) issue(0);
+  for (int n = 0; n < sq.nc; ++n) {
+    const int t0 = sq.first + n * kC, L = gdn::imin(kC, tend - t0);
     cp_wait<0>();
     __syncthreads();  // this chunk's stage is in place; every warp is done with the other one
-    if (n + 1 < NC) issue(n + 1);
+    if (n + 1 < sq.nc) issue(n + 1);
     const float* sb = sm + (n & 1) * P::floats;
     const QT* Kc = reinterpret_cast<const QT*>(sb + P::Kk);
     const QT* Qc = reinterpret_cast<const QT*>(sb + P::Qq);
@@ -929,6 +986,10 @@ mma_wpass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restri
 
 // ----------------------------------------------------------------------------------- launcher
 
+bool gdn_chunked_mma_supported_impl(int K, int V) {
+  return (K == 64 || K == 128) && (V == 32 || V == 64 || V == 96 || V == 128);
+}
+
 template <typename F>
 cudaError_t allow_smem(F* kernel, size_t bytes) {
   return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
@@ -977,9 +1038,7 @@ int pass_plan(int BH, int V, bool f32, int sms) {
 }
 
 template <int K, typename QT, int NW>
-cudaError_t launch_wpass(const QT* q, const QT* k, const QT* v, const float* beta, const float* nq,
-                         const float* nk, const float* gcum, const float* tinv, float* state,
-                         void* o, int B, int T, int H, int HV, int V, float scale, int odt, int NC,
+cudaError_t launch_wpass(const GdnArgs* a, float* state, int seqs, int NC, const Packed& pk,
                          cudaStream_t s) {
   if constexpr (is_f32<QT> && NW > 2) {
     return cudaErrorInvalidValue;
@@ -988,57 +1047,101 @@ cudaError_t launch_wpass(const QT* q, const QT* k, const QT* v, const float* bet
     static_assert(bytes <= 227 * 1024, "the warp-resident pass's shared memory");
     cudaError_t err = allow_smem(mma_wpass<K, QT, NW>, bytes);
     if (err != cudaSuccess) return err;
-    mma_wpass<K, QT, NW><<<dim3(B * HV, V / (16 * NW)), 32 * NW, bytes, s>>>(
-        q, k, v, beta, nq, nk, gcum, tinv, state, o, T, H, HV, V, scale, odt, NC);
+    mma_wpass<K, QT, NW><<<dim3(seqs * a->HV, a->V / (16 * NW)), 32 * NW, bytes, s>>>(
+        static_cast<const QT*>(a->q), static_cast<const QT*>(a->k), static_cast<const QT*>(a->v),
+        a->beta, a->nq, a->nk, a->gcum, a->tinv, state, a->o, a->T, a->H, a->HV, a->V, a->scale,
+        a->o_dtype, NC, pk);
     return cudaSuccess;
   }
 }
 
+// prepare and the pass over seqs sequences of NC chunks at most: a plain batch (pk.n = 0, seqs =
+// B) or one launch's group of a packed batch (seqs = pk.n, NC = pk.nc; state: the group's first).
 template <int K, typename QT>
-int launch_mma(const void* qv, const void* kv, const void* vv, const float* g, const float* beta,
-               void* o, float* state, float* gcum, float* tinv, float* nq, float* nk, int B, int T,
-               int H, int HV, int V, float scale, int odt, cudaStream_t s) {
-  const QT *q = static_cast<const QT*>(qv), *k = static_cast<const QT*>(kv),
-           *v = static_cast<const QT*>(vv);
+cudaError_t launch_chunks(const GdnArgs* a, float* state, int seqs, int NC, const Packed& pk,
+                          cudaStream_t s) {
+  const QT *q = static_cast<const QT*>(a->q), *k = static_cast<const QT*>(a->k),
+           *v = static_cast<const QT*>(a->v);
   constexpr int kMaxSmem = 227 * 1024;  // an sm_90 block's opt-in shared memory
   static_assert(sizeof(float) * PrepSmem<K, QT>::floats <= kMaxSmem, "prepare's shared memory");
   static_assert(sizeof(float) * PassSmem<K, QT>::floats <= kMaxSmem, "the pass's shared memory");
-  const int NC = (T + kC - 1) / kC;
   const size_t s1 = sizeof(float) * PrepSmem<K, QT>::floats,
                s2 = sizeof(float) * PassSmem<K, QT>::floats;
+  const int HV = a->HV, V = a->V;
   cudaError_t err;
-  if ((err = allow_smem(mma_prepare<K, QT>, s1)) != cudaSuccess) return (int)err;
-  if ((err = allow_smem(mma_pass<K, QT>, s2)) != cudaSuccess) return (int)err;
-  if (nq) {  // the L2 norms of q and k, applied by the kernels
-    const long rows = (long)B * T * H;
-    mma_l2_norms<QT><<<(unsigned)((rows + kThreads / 32 - 1) / (kThreads / 32)), kThreads, 0, s>>>(
-        q, k, nq, nk, rows, K);
-  }
-  mma_prepare<K, QT><<<B * HV * NC, kThreads, s1, s>>>(q, k, g, beta, nq, nk, gcum, tinv, T, H,
-                                                     HV, NC);
-  const int nw = pass_plan(B * HV, V, is_f32<QT>, sm_count());
+  if ((err = allow_smem(mma_prepare<K, QT>, s1)) != cudaSuccess) return err;
+  if ((err = allow_smem(mma_pass<K, QT>, s2)) != cudaSuccess) return err;
+  // prepare: a block per chunk and head (packed: the launch's NC = pk.nc chunks, all sequences)
+  const int chunks = pk.n ? NC : seqs * NC;
+  mma_prepare<K, QT><<<chunks * HV, kThreads, s1, s>>>(q, k, a->g, a->beta, a->nq, a->nk,
+                                                          a->gcum, a->tinv, a->T, a->H, HV, NC, pk);
+  const int nw = pass_plan(seqs * HV, V, is_f32<QT>, sm_count());
   if (nw == 0) {
-    mma_pass<K, QT><<<dim3(B * HV, V / kBV), kThreads, s2, s>>>(
-        q, k, v, beta, nq, nk, gcum, tinv, state, o, T, H, HV, V, scale, odt, NC);
-  } else {
-    err = nw == 8   ? launch_wpass<K, QT, 8>(q, k, v, beta, nq, nk, gcum, tinv, state, o, B, T, H,
-                                             HV, V, scale, odt, NC, s)
-          : nw == 4 ? launch_wpass<K, QT, 4>(q, k, v, beta, nq, nk, gcum, tinv, state, o, B, T, H,
-                                             HV, V, scale, odt, NC, s)
-                    : launch_wpass<K, QT, 2>(q, k, v, beta, nq, nk, gcum, tinv, state, o, B, T, H,
-                                             HV, V, scale, odt, NC, s);
-    if (err != cudaSuccess) return (int)err;
+    mma_pass<K, QT><<<dim3(seqs * HV, V / kBV), kThreads, s2, s>>>(
+        q, k, v, a->beta, a->nq, a->nk, a->gcum, a->tinv, state, a->o, a->T, a->H, HV, V,
+        a->scale, a->o_dtype, NC, pk);
+    return cudaSuccess;
   }
+  return nw == 8   ? launch_wpass<K, QT, 8>(a, state, seqs, NC, pk, s)
+         : nw == 4 ? launch_wpass<K, QT, 4>(a, state, seqs, NC, pk, s)
+                   : launch_wpass<K, QT, 2>(a, state, seqs, NC, pk, s);
+}
+
+// A batch of B sequences (cu null) or a packed batch of nseq sequences at token offsets cu[0..nseq]
+// (B = 1; a->state holds nseq states), one launch pair per kSeqs sequences.
+template <int K, typename QT>
+int launch_mma(const GdnArgs* a, const int* cu, int nseq) {
+  auto s = static_cast<cudaStream_t>(a->stream);
+  if (a->nq) {  // the L2 norms of q and k, applied by the kernels
+    const long rows = (long)a->B * a->T * a->H;
+    mma_l2_norms<QT><<<(unsigned)((rows + kThreads / 32 - 1) / (kThreads / 32)), kThreads, 0, s>>>(
+        static_cast<const QT*>(a->q), static_cast<const QT*>(a->k), a->nq, a->nk, rows, K);
+  }
+  Packed pk;
+  pk.n = pk.nc = 0;
+  cudaError_t err = cudaSuccess;
+  if (!cu) {
+    err = launch_chunks<K, QT>(a, a->state, a->B, (a->T + kC - 1) / kC, pk, s);
+  } else {
+    for (int g0 = 0; g0 < nseq && err == cudaSuccess; g0 += kSeqs) {
+      pk.n = nseq - g0 < kSeqs ? nseq - g0 : kSeqs;
+      pk.tok[0] = cu[g0];
+      pk.chk[0] = 0;
+      for (int i = 0; i < pk.n; ++i) {
+        pk.tok[i + 1] = cu[g0 + i + 1];
+        pk.chk[i + 1] = pk.chk[i] + (pk.tok[i + 1] - pk.tok[i] + kC - 1) / kC;
+      }
+      pk.nc = pk.chk[pk.n];
+      if (pk.nc == 0) continue;  // only empty sequences: their states stay as given
+      err = launch_chunks<K, QT>(a, a->state + (long)g0 * a->HV * a->K * a->V, pk.n, pk.nc, pk, s);
+    }
+  }
+  if (err != cudaSuccess) return (int)err;
   return (int)cudaGetLastError();
 }
 
 template <typename QT>
-int launch_mma_k(const GdnArgs* a) {
-  auto s = static_cast<cudaStream_t>(a->stream);
-#define GDN_MMA_ARGS a->q, a->k, a->v, a->g, a->beta, a->o, a->state, a->gcum, a->tinv, a->nq, a->nk, \
-    a->B, a->T, a->H, a->HV, a->V, a->scale, a->o_dtype, s
-  return a->K == 128 ? launch_mma<128, QT>(GDN_MMA_ARGS) : launch_mma<64, QT>(GDN_MMA_ARGS);
-#undef GDN_MMA_ARGS
+int launch_mma_k(const GdnArgs* a, const int* cu, int nseq) {
+  return a->K == 128 ? launch_mma<128, QT>(a, cu, nseq) : launch_mma<64, QT>(a, cu, nseq);
+}
+
+// Checks shared by both entry points: WB_OK or the status to return.
+int mma_args_status(const GdnArgs* a) {
+  if (!gdn_chunked_mma_supported_impl(a->K, a->V) || a->chunk != 64) return WB_ERR_SHAPE;
+  if (a->o_dtype < 0 || a->o_dtype > 2 || !a->nq != !a->nk) return WB_ERR_ARGUMENT;
+  if (a->in_dtype != WB_FP32 && a->in_dtype != WB_BF16 && a->in_dtype != WB_FP16)
+    return WB_ERR_ARGUMENT;
+  return WB_OK;
+}
+
+int launch_mma_dtype(const GdnArgs* a, const int* cu, int nseq) {
+  const int st = mma_args_status(a);
+  if (st != WB_OK) return st;
+  switch (a->in_dtype) {
+    case WB_FP32: return launch_mma_k<float>(a, cu, nseq);
+    case WB_BF16: return launch_mma_k<__nv_bfloat16>(a, cu, nseq);
+    default: return launch_mma_k<__half>(a, cu, nseq);
+  }
 }
 
 }  // namespace
@@ -1046,13 +1149,12 @@ int launch_mma_k(const GdnArgs* a) {
 extern "C" {
 
 // Whether the tensor-core chunked path takes this shape (chunk 64): 1 or 0.
-int gdn_chunked_mma_supported(int K, int V) {
-  return (K == 64 || K == 128) && (V == 32 || V == 64 || V == 96 || V == 128);
-}
+int gdn_chunked_mma_supported(int K, int V) { return gdn_chunked_mma_supported_impl(K, V) ? 1 : 0; }
 
 // The pass the mma path takes for B * HV = BH and V on a GPU of sms SMs (f32: float32 q, k, v):
 // 0 for the shared-memory pass, else the warp-resident pass's warps a block (2, 4 or 8); honours
-// WORKBENCH_GDN_MMA_PASS as the launcher does. Host code only: callable without a GPU.
+// WORKBENCH_GDN_MMA_PASS as the launcher does. Host code only: callable without a GPU. A packed
+// batch's launch has BH = HV times its sequences (up to 128 a launch, empty ones included).
 int gdn_mma_pass_plan(int BH, int V, int f32, int sms) {
   return pass_plan(BH, V, f32 != 0, sms > 0 ? sms : 1);
 }
@@ -1065,15 +1167,20 @@ int gdn_mma_pass_plan(int BH, int V, int f32, int sms) {
 // o_dtype: 0 float32, 1 bf16, 2 fp16 (o's element type); GdnArgs.chunk is 64. Returns WB_OK, a
 // cudaError_t code, WB_ERR_SHAPE for a shape gdn_chunked_mma_supported refuses, or
 // WB_ERR_ARGUMENT for an unknown dtype code or one norm array alone.
-int gdn_chunked_mma_cuda(const GdnArgs* a) {
-  if (!gdn_chunked_mma_supported(a->K, a->V) || a->chunk != 64) return WB_ERR_SHAPE;
-  if (a->o_dtype < 0 || a->o_dtype > 2 || !a->nq != !a->nk) return WB_ERR_ARGUMENT;
-  switch (a->in_dtype) {
-    case WB_FP32: return launch_mma_k<float>(a);
-    case WB_BF16: return launch_mma_k<__nv_bfloat16>(a);
-    case WB_FP16: return launch_mma_k<__half>(a);
-    default: return WB_ERR_ARGUMENT;
-  }
+int gdn_chunked_mma_cuda(const GdnArgs* a) { return launch_mma_dtype(a, nullptr, 0); }
+
+// The same over a packed batch (varlen): B = 1, n sequences at token offsets cu[0..n] (host
+// memory: cu[0] = 0, non-decreasing, cu[n] = T), each chunked from its own first token, state
+// [n,HV,K,V] (in/out; an empty sequence's is left as it is), tinv [HV,NCS,2,64,64] with NCS the
+// sum over sequences of ceil(length / 64) (or more). Each sequence's arithmetic is the one of a
+// batch of that sequence alone, on the pass the launch takes (gdn_mma_pass_plan with BH = HV
+// times the launch's sequences). One launch of prepare and the pass per 128 sequences. Returns
+// as gdn_chunked_mma_cuda, and WB_ERR_ARGUMENT for B != 1 or offsets out of order.
+int gdn_chunked_mma_varlen_cuda(const GdnArgs* a, const int* cu, int n) {
+  if (a->B != 1 || !cu || n < 1 || cu[0] != 0 || cu[n] != a->T) return WB_ERR_ARGUMENT;
+  for (int i = 0; i < n; ++i)
+    if (cu[i + 1] < cu[i]) return WB_ERR_ARGUMENT;
+  return launch_mma_dtype(a, cu, n);
 }
 
 }  // extern "C"

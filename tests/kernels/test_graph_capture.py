@@ -168,6 +168,18 @@ def test_public_gdn_chunked_is_capturable():
 
 
 @pytest.mark.gpu
+def test_public_gdn_packed_chunked_is_capturable():
+    # a packed batch on the tensor-core path (bf16; offsets a list, read on the host): one launch
+    q, k, v, g, beta, _ = _gdn_inputs(T=300, B=1, K=128, V=128)
+    q, k, v = (x.bfloat16() for x in (q, k, v))
+    cu = [0, 7, 7, 150, 300]
+    s0 = 0.1 * torch.randn(4, 8, 128, 128, device="cuda")
+    ref, out = _graphed(lambda: gdn.chunked(q, k, v, g, beta, initial_state=s0, cu_seqlens=cu, qk_l2norm=True,
+                                            backend="ext"))
+    _same(ref, out)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("backend", ["ext", "numba"])
 def test_public_splitk_is_capturable(backend):
     gen = torch.Generator().manual_seed(4)

@@ -100,3 +100,50 @@ def test_fla_packed_close_to_the_oracle(op):
     pytest.importorskip("fla")
     r = varlen_selfcheck("fla", op, [1, 5, 67, 300, 64], H=2, HV=4, K=64, V=64, device="cuda")
     assert r["o"] < 1e-2 and r["state"] < 1e-2, r  # fla's own packed kernel: close, not bitwise
+
+
+# -- the CUDA tensor-core path: a packed batch in one launch pair (per 128 sequences) --------------
+
+MMA_LENGTHS = [0, 1, 5, 67, 0, 300, 64, 128, 129, 2]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mma_pass", ["warp", "smem"])
+@pytest.mark.parametrize("K", [64, 128])
+def test_packed_mma_one_launch_equals_sequences_alone(K, mma_pass, monkeypatch):
+    """bf16 inputs: the packed batch runs in one launch; each sequence's result is bit for bit its
+    result alone on the same pass (forced), and close to the oracle."""
+    monkeypatch.setenv("WORKBENCH_GDN_CUDA_PATH", "mma")
+    monkeypatch.setenv("WORKBENCH_GDN_MMA_PASS", mma_pass)
+    r = varlen_selfcheck("ext", "chunked", MMA_LENGTHS, H=2, HV=4, K=K, V=K, device="cuda", dtype="bfloat16")
+    assert r["bitwise"], r
+    assert r["o"] < 5e-3 and r["state"] < 2e-3, r  # tf32 operands, o rounded to bf16
+    assert r["shape_state"] == [len(MMA_LENGTHS), 4, K, K]
+
+
+@pytest.mark.gpu
+def test_packed_mma_more_sequences_than_one_launch(monkeypatch):
+    """300 sequences (three launches of at most 128), empty and one-token ones among them."""
+    monkeypatch.setenv("WORKBENCH_GDN_MMA_PASS", "smem")
+    gen = torch.Generator().manual_seed(4)
+    lengths = [int(x) for x in torch.randint(0, 90, (300,), generator=gen)]
+    lengths[127:131] = [0, 1, 0, 65]  # around the first launch boundary
+    r = varlen_selfcheck("ext", "chunked", lengths, H=1, HV=2, K=64, V=32, device="cuda", dtype="bfloat16", seed=2)
+    assert r["bitwise"] and r["o"] < 5e-3 and r["state"] < 2e-3, r
+
+
+@pytest.mark.gpu
+def test_packed_mma_logs_its_pass_and_launch(monkeypatch):
+    """The kernel log notes the pass of the packed launch (HV times the sequences: a larger grid
+    than one sequence's), and the call is one chunked call, not one per sequence."""
+    from workbench.kernels import registry
+    from workbench.kernels.gdn import ext
+
+    monkeypatch.delenv("WORKBENCH_GDN_MMA_PASS", raising=False)
+    x = packed_inputs([100] * 40, H=16, HV=32, K=128, V=128, device="cuda", dtype=torch.bfloat16)
+    with registry.kernel_log() as log:
+        o, s = gdn.chunked(**x, backend="ext")
+    rows = log.summary()
+    assert len(rows) == 1 and rows[0]["calls"] == 1, rows
+    assert rows[0]["path"] == "mma/" + ext.mma_pass(40, 32, 128, torch.bfloat16) == "mma/warp8", rows
+    assert o.dtype == torch.bfloat16 and s.shape == (40, 32, 128, 128)

@@ -71,9 +71,10 @@ def packed_inputs(lengths, H=1, HV=2, K=8, V=8, *, dtype=torch.float32, state=Tr
 
 
 def varlen_selfcheck(backend: str, op: str, lengths, H=1, HV=2, K=8, V=8, chunk_size=None, seed=0,
-                     device="cpu"):
+                     device="cpu", dtype="float32"):
     """A packed batch through ``backend``: is it bitwise equal to each sequence run alone, and how
-    far (rel L2 of o and the final states) from the FP64 oracle run per sequence?
+    far (rel L2 of o and the final states) from the FP64 oracle run per sequence? ``dtype``: of q,
+    k, v (a name: "bfloat16" takes the CUDA ext backend's tensor-core path).
 
     JSON in, JSON out (the numba CUDA simulator runs it in a subprocess).
     """
@@ -81,7 +82,7 @@ def varlen_selfcheck(backend: str, op: str, lengths, H=1, HV=2, K=8, V=8, chunk_
     from workbench.kernels import gdn
     from workbench.kernels.gdn import oracle
 
-    x = packed_inputs(lengths, H, HV, K, V, seed=seed, device=device)
+    x = packed_inputs(lengths, H, HV, K, V, seed=seed, device=device, dtype=getattr(torch, dtype))
     kw = {"chunk_size": chunk_size} if op == "chunked" else {}
     o, s = getattr(gdn, op)(**x, qk_l2norm=True, backend=backend, **kw)
     cu, s0 = x["cu_seqlens"], x["initial_state"]
@@ -92,7 +93,8 @@ def varlen_selfcheck(backend: str, op: str, lengths, H=1, HV=2, K=8, V=8, chunk_
         init = s0[i:i + 1]
         if b > a:
             oi, si = getattr(gdn, op)(**part, initial_state=init, qk_l2norm=True, backend=backend, **kw)
-            ro, rs = oracle.recurrent(**{n: t.cpu() for n, t in part.items()}, initial_state=init.cpu(), qk_l2norm=True)
+            ro, rs = oracle.recurrent(**{n: t.cpu().double() for n, t in part.items()}, initial_state=init.cpu(),
+                                      qk_l2norm=True)
             alone_o.append(oi); ref_o.append(ro)
         else:
             si, rs = init.to(s.dtype), init.cpu().double()

@@ -34,12 +34,12 @@ import torch
 from workbench.errors import KernelArgumentError, PolicyError
 from workbench.kernels import _abi, _native
 from workbench.kernels._abi import GdnArgs
-from workbench.kernels.gdn._checks import l2norm
 from workbench.kernels.gdn._launch import DIRECT, check_direct, empty_result, stage, stage_direct
 from workbench.kernels.registry import backend_op, note_path
 from workbench.numerics.dtypes import native_code, torch_dtype
 from workbench.numerics.policy import requested_cuda_path
-from workbench.kernels.gdn._varlen import per_sequence
+from workbench.kernels.gdn._checks import check_gdn, l2norm, resolve_chunk
+from workbench.kernels.gdn._varlen import check_packed, per_sequence
 
 # the ops this backend implements itself; the helper ops (gates, conv, gated norm) are torch's
 # or the oracle's, reached through fallback= (workbench.kernels.registry.get_op)
@@ -84,6 +84,8 @@ def library(kind: str) -> ctypes.CDLL:
             entries["gdn_chunked_mma_cuda"] = GdnArgs
             plan = lib.gdn_mma_pass_plan
             plan.argtypes, plan.restype = [_I, _I, _I, _I], _I
+            packed = lib.gdn_chunked_mma_varlen_cuda
+            packed.argtypes, packed.restype = [ctypes.POINTER(GdnArgs), _P, _I], _I
         _abi.bind(lib, entries)
         _abi.check_layout(lib, GdnArgs)
         if kind == "cpu":
@@ -224,7 +226,8 @@ def _run(op, q, k, v, g, beta, scale, initial_state, qk_l2norm, policy, chunk_si
     return o.to(out), state
 
 
-def launch(op, s, C, acc64, tensors, state, o, path="scalar", qk_l2norm=False, h0=None, zero_state=False):
+def launch(op, s, C, acc64, tensors, state, o, path="scalar", qk_l2norm=False, h0=None, zero_state=False,
+           cu_seqlens=None):
     """Run the native kernel on staged contiguous tensors (float32; see ``path`` for the mma
     path's bf16 / fp16); ``state`` is updated in place.
 
@@ -237,7 +240,9 @@ def launch(op, s, C, acc64, tensors, state, o, path="scalar", qk_l2norm=False, h
     always run the scalar code. ``o`` is float32, except on the mma path, which also writes bf16
     or fp16 ``o`` directly (rounded to nearest even from its float32 result) and also reads bf16
     or fp16 q, k, v (all three alike; g and beta float32) and applies ``qk_l2norm`` itself
-    (other paths take q and k normalized already).
+    (other paths take q and k normalized already). On the mma path ``cu_seqlens`` (the packed
+    batch's offsets, ints, checked) runs a packed batch (B = 1, ``state`` one per sequence) in one
+    launch pair per 128 sequences.
     """
     q = tensors[0]
     kind = "cuda" if q.is_cuda else "cpu"
@@ -260,32 +265,12 @@ def launch(op, s, C, acc64, tensors, state, o, path="scalar", qk_l2norm=False, h
         _recurrence_args(a, tensors, o, state, h0, zero_state, qk_l2norm)
         rc = getattr(lib, f"gdn_recurrent_{kind}")(ctypes.byref(a))
     else:
-        f32 = dict(dtype=torch.float32, device=q.device)
         if kind == "cuda" and path == "mma":
-            if not mma_fits(s, C, acc64):
-                raise KernelArgumentError(f"path: the mma path does not take chunk {C}, K={s.K}, "
-                                          f"V={s.V}, acc64={acc64}", key="backend")
-            if o.dtype not in MMA_OUT:
-                raise KernelArgumentError(f"o: the mma path writes {list(MMA_OUT)}, got {o.dtype}",
-                                          key="o")
-            if len({x.dtype for x in tensors[:3]}) != 1 or q.dtype not in MMA_IN:
-                raise KernelArgumentError(
-                    f"q, k, v: the mma path reads one of {list(MMA_IN)} for all three, got "
-                    f"{[x.dtype for x in tensors[:3]]}", key="q")
-            # workspace of the two-launch mma path: gcum and each chunk's (I + A)^-1 and
-            # P (I + A)^-1 (tinv); the L2-norm factors of the q and k rows (computed by the
-            # kernels), or none
-            nc = -(-s.T // 64)
-            ws = [torch.empty(s.B, s.HV, s.T, **f32), torch.empty(s.B, s.HV, nc, 2, 64, 64, **f32)]
-            if qk_l2norm:
-                ws += [torch.empty(s.B, s.T, s.H, **f32) for _ in range(2)]
-                a.nq, a.nk = ws[2].data_ptr(), ws[3].data_ptr()
-            a.gcum, a.tinv = ws[0].data_ptr(), ws[1].data_ptr()
-            a.in_dtype, a.o_dtype = MMA_IN[q.dtype], MMA_OUT[o.dtype]
-            rc = lib.gdn_chunked_mma_cuda(ctypes.byref(a))
-            if rc != _abi.WB_OK:
-                raise _abi.status_error(lib, rc, "native gdn chunked (cuda, mma)", fix="policy cuda_path='scalar'")
-            return
+            return _launch_mma(lib, a, s, C, acc64, tensors, o, qk_l2norm, cu_seqlens)
+        if cu_seqlens is not None:
+            raise KernelArgumentError("cu_seqlens: only the CUDA mma path runs a packed batch in one launch",
+                                      key="cu_seqlens", fix="run each sequence alone (_varlen.per_sequence)")
+        f32 = dict(dtype=torch.float32, device=q.device)
         # workspace of the three-phase chunked form: gcum, W, U
         ws = (torch.empty(s.B, s.HV, s.T, **f32), torch.empty(s.B, s.HV, s.T, s.K, **f32),
               torch.empty(s.B, s.HV, s.T, s.V, **f32))
@@ -293,6 +278,69 @@ def launch(op, s, C, acc64, tensors, state, o, path="scalar", qk_l2norm=False, h
         rc = getattr(lib, f"gdn_chunked_{kind}")(ctypes.byref(a))
     if rc != _abi.WB_OK:
         raise _abi.status_error(lib, rc, f"native gdn {op} ({kind})")
+
+
+def _launch_mma(lib, a, s, C, acc64, tensors, o, qk_l2norm, cu_seqlens=None):
+    """The mma path's launch (GdnArgs ``a`` filled but for the workspace and dtypes): a batch, or a
+    packed batch at offsets ``cu_seqlens``."""
+    q = tensors[0]
+    if not mma_fits(s, C, acc64):
+        raise KernelArgumentError(f"path: the mma path does not take chunk {C}, K={s.K}, "
+                                  f"V={s.V}, acc64={acc64}", key="backend")
+    if o.dtype not in MMA_OUT:
+        raise KernelArgumentError(f"o: the mma path writes {list(MMA_OUT)}, got {o.dtype}", key="o")
+    if len({x.dtype for x in tensors[:3]}) != 1 or q.dtype not in MMA_IN:
+        raise KernelArgumentError(
+            f"q, k, v: the mma path reads one of {list(MMA_IN)} for all three, got "
+            f"{[x.dtype for x in tensors[:3]]}", key="q")
+    # workspace: gcum and each chunk's (I + A)^-1 and P (I + A)^-1 (tinv; a packed batch's
+    # sequences are chunked from their own first tokens); the L2-norm factors of the q and k rows
+    # (computed by the kernels), or none
+    f32 = dict(dtype=torch.float32, device=q.device)
+    if cu_seqlens is None:
+        tinv = torch.empty(s.B, s.HV, -(-s.T // 64), 2, 64, 64, **f32)
+    else:
+        nc = sum(-(-(b - a_) // 64) for a_, b in zip(cu_seqlens[:-1], cu_seqlens[1:]))
+        tinv = torch.empty(s.HV, nc, 2, 64, 64, **f32)
+    ws = [torch.empty(s.B, s.HV, s.T, **f32), tinv]
+    if qk_l2norm:
+        ws += [torch.empty(s.B, s.T, s.H, **f32) for _ in range(2)]
+        a.nq, a.nk = ws[2].data_ptr(), ws[3].data_ptr()
+    a.gcum, a.tinv = ws[0].data_ptr(), ws[1].data_ptr()
+    a.in_dtype, a.o_dtype = MMA_IN[q.dtype], MMA_OUT[o.dtype]
+    if cu_seqlens is None:
+        rc = lib.gdn_chunked_mma_cuda(ctypes.byref(a))
+    else:
+        n = len(cu_seqlens) - 1
+        rc = lib.gdn_chunked_mma_varlen_cuda(ctypes.byref(a), (ctypes.c_int * (n + 1))(*cu_seqlens), n)
+    if rc != _abi.WB_OK:
+        raise _abi.status_error(lib, rc, "native gdn chunked (cuda, mma)", fix="policy cuda_path='scalar'")
+
+
+def _packed_mma(q, k, v, g, beta, scale, initial_state, qk_l2norm, chunk_size, cu_seqlens, policy):
+    """A packed batch on the CUDA mma path, one launch pair per 128 sequences (each sequence
+    chunked from its own first token, with its own state: the arithmetic of the sequence run
+    alone on the same pass); None where the call does not take the mma path (the caller then runs
+    each sequence alone)."""
+    if not (isinstance(q, torch.Tensor) and q.is_cuda):
+        return None
+    offs = check_packed(q, k, v, cu_seqlens, initial_state)
+    n = len(offs) - 1
+    s = check_gdn(q, k, v, g, beta, scale, None if initial_state is None else initial_state[:1])
+    p = policy
+    C, acc64 = resolve_chunk(chunk_size, p), int(p.accum_dtype == "fp64")
+    if cuda_path(s, C, acc64, torch_dtype(p.input_dtype) if p.input_dtype else q.dtype, p.cuda_path) != "mma":
+        return None
+    st = staged("chunked", q, k, v, g, beta, scale, None, qk_l2norm, policy=p, chunk_size=chunk_size)
+    # the pass of the (first) launch: HV times its sequences
+    note_path(lambda: f"mma/{mma_pass(min(n, 128), s.HV, s.V, st.tensors[0].dtype, _sm_count(q.device))}")
+    state = (torch.zeros(n, s.HV, s.K, s.V, dtype=torch.float32, device=q.device) if initial_state is None
+             else initial_state.to(torch.float32).clone().contiguous())
+    odt = st.out if st.out in MMA_OUT else torch.float32
+    o = torch.empty(1, s.T, s.HV, s.V, dtype=odt, device=q.device)
+    if s.T > 0:
+        launch("chunked", s, C, acc64, st.tensors, state, o, path="mma", qk_l2norm=st.qk_l2norm, cu_seqlens=offs)
+    return o.to(st.out), state
 
 
 def _recurrence_args(a, tensors, o, state, h0, zero_state, qk_l2norm):
@@ -322,7 +370,11 @@ def recurrent(q, k, v, g, beta, *, scale=None, initial_state=None, qk_l2norm=Fal
 @backend_op
 def chunked(q, k, v, g, beta, *, scale=None, initial_state=None, qk_l2norm=False,
             chunk_size=None, cu_seqlens=None, policy=None):
-    if cu_seqlens is not None:  # a packed batch: each sequence alone, no chunk crosses a boundary
+    if cu_seqlens is not None:  # a packed batch: no chunk crosses a boundary; the mma path in one
+        # launch (per 128 sequences), else each sequence alone
+        packed = _packed_mma(q, k, v, g, beta, scale, initial_state, qk_l2norm, chunk_size, cu_seqlens, policy)
+        if packed is not None:
+            return packed
         return per_sequence(chunked, q, k, v, g, beta, cu_seqlens, initial_state, scale=scale,
                             qk_l2norm=qk_l2norm, chunk_size=chunk_size, policy=policy)
     return _run("chunked", q, k, v, g, beta, scale, initial_state, qk_l2norm, policy, chunk_size)
