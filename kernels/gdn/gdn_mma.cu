@@ -1087,6 +1087,19 @@ cudaError_t launch_chunks(const GdnArgs* a, float* state, int seqs, int NC, cons
                    : launch_wpass<K, QT, 2>(a, state, seqs, NC, pk, s);
 }
 
+// The table of a packed launch: sequences g0 .. g0 + kSeqs - 1 (at most) of the nseq at token
+// offsets cu[0..nseq]; chunk offsets from 0 (ceil(length / 64) chunks a sequence).
+void packed_group(const int* cu, int nseq, int g0, Packed& pk) {
+  pk.n = nseq - g0 < kSeqs ? nseq - g0 : kSeqs;
+  pk.tok[0] = cu[g0];
+  pk.chk[0] = 0;
+  for (int i = 0; i < pk.n; ++i) {
+    pk.tok[i + 1] = cu[g0 + i + 1];
+    pk.chk[i + 1] = pk.chk[i] + (pk.tok[i + 1] - pk.tok[i] + kC - 1) / kC;
+  }
+  pk.nc = pk.chk[pk.n];
+}
+
 // A batch of B sequences (cu null) or a packed batch of nseq sequences at token offsets cu[0..nseq]
 // (B = 1; a->state holds nseq states), one launch pair per kSeqs sequences.
 template <int K, typename QT>
@@ -1104,14 +1117,7 @@ int launch_mma(const GdnArgs* a, const int* cu, int nseq) {
     err = launch_chunks<K, QT>(a, a->state, a->B, (a->T + kC - 1) / kC, pk, s);
   } else {
     for (int g0 = 0; g0 < nseq && err == cudaSuccess; g0 += kSeqs) {
-      pk.n = nseq - g0 < kSeqs ? nseq - g0 : kSeqs;
-      pk.tok[0] = cu[g0];
-      pk.chk[0] = 0;
-      for (int i = 0; i < pk.n; ++i) {
-        pk.tok[i + 1] = cu[g0 + i + 1];
-        pk.chk[i + 1] = pk.chk[i] + (pk.tok[i + 1] - pk.tok[i] + kC - 1) / kC;
-      }
-      pk.nc = pk.chk[pk.n];
+      packed_group(cu, nseq, g0, pk);
       if (pk.nc == 0) continue;  // only empty sequences: their states stay as given
       err = launch_chunks<K, QT>(a, a->state + (long)g0 * a->HV * a->K * a->V, pk.n, pk.nc, pk, s);
     }
@@ -1181,6 +1187,16 @@ int gdn_chunked_mma_varlen_cuda(const GdnArgs* a, const int* cu, int n) {
   for (int i = 0; i < n; ++i)
     if (cu[i + 1] < cu[i]) return WB_ERR_ARGUMENT;
   return launch_mma_dtype(a, cu, n);
+}
+
+// The table of a packed batch's launch starting at sequence g0 (host code, for tests): fills
+// tok and chk (kSeqs + 1 ints each room) and *nc, returns the launch's sequence count.
+int gdn_mma_packed_group(const int* cu, int n, int g0, int* tok, int* chk, int* nc) {
+  Packed pk;
+  packed_group(cu, n, g0, pk);
+  for (int i = 0; i <= pk.n; ++i) tok[i] = pk.tok[i], chk[i] = pk.chk[i];
+  *nc = pk.nc;
+  return pk.n;
 }
 
 }  // extern "C"

@@ -69,6 +69,38 @@ def test_cuda_mma_kernels_keep_registers(tmp_path):
 
 
 @pytest.mark.skipif(_native.find_nvcc() is None, reason="nvcc not found")
+def test_mma_packed_launch_tables():
+    """A packed batch's launches on the mma path, as the CUDA build's host code builds them: at
+    most 128 sequences a launch, token offsets those of cu_seqlens, each sequence's chunks counted
+    from its own first token (ceil(length / 64)), and no launch needing more workspace chunks
+    than the Python side allocates (the sum over all sequences)."""
+    gen = torch.Generator().manual_seed(7)
+    lengths = [int(x) for x in torch.randint(0, 200, (300,), generator=gen)]
+    lengths[:3] = [0, 1, 64]
+    lengths[128:131] = [65, 0, 128]
+    cu = [0]
+    for n in lengths:
+        cu.append(cu[-1] + n)
+    launches = ext.mma_packed_launches(cu)
+    assert [g["sequences"] for g in launches] == [128, 128, 44]
+    assert [g["first"] for g in launches] == [0, 128, 256]
+    total = sum(-(-n // 64) for n in lengths)
+    for g in launches:
+        i0, m = g["first"], g["sequences"]
+        assert g["tok"] == cu[i0:i0 + m + 1]
+        chk = [0]
+        for n in lengths[i0:i0 + m]:
+            chk.append(chk[-1] + -(-n // 64))
+        assert g["chk"] == chk and g["chunks"] == chk[-1] <= total
+    assert launches[0]["chk"][:4] == [0, 0, 1, 2] and launches[1]["chk"][:4] == [0, 2, 2, 4]
+    assert sum(g["chunks"] for g in launches) == total
+    # one sequence; and a batch of empty sequences only (a launch of no chunks: nothing runs)
+    assert ext.mma_packed_launches([0, 130]) == [{"first": 0, "sequences": 1, "tok": [0, 130], "chk": [0, 3],
+                                                  "chunks": 3}]
+    assert ext.mma_packed_launches([0, 0, 0])[0]["chunks"] == 0
+
+
+@pytest.mark.skipif(_native.find_nvcc() is None, reason="nvcc not found")
 def test_mma_pass_plan(monkeypatch):
     """The launcher's choice of pass, asked of the CUDA build on the CPU (host code): the
     shared-memory pass below 2.5 warps an SM (B HV V / 16 warps), else the warp-resident pass with

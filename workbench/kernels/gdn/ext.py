@@ -86,6 +86,8 @@ def library(kind: str) -> ctypes.CDLL:
             plan.argtypes, plan.restype = [_I, _I, _I, _I], _I
             packed = lib.gdn_chunked_mma_varlen_cuda
             packed.argtypes, packed.restype = [ctypes.POINTER(GdnArgs), _P, _I], _I
+            group = lib.gdn_mma_packed_group
+            group.argtypes, group.restype = [_P, _I, _I, _P, _P, _P], _I
         _abi.bind(lib, entries)
         _abi.check_layout(lib, GdnArgs)
         if kind == "cpu":
@@ -148,6 +150,28 @@ def mma_pass(B: int, HV: int, V: int, dtype: torch.dtype, sms: int | None = None
     nw = library("cuda").gdn_mma_pass_plan(int(B) * int(HV), int(V), int(dtype == torch.float32),
                                           int(sms))
     return f"warp{nw}" if nw else "smem"
+
+
+PACKED_LAUNCH = 128  # sequences a packed launch of the mma path takes (kSeqs in gdn_mma.cu)
+
+
+def mma_packed_launches(cu_seqlens) -> list[dict]:
+    """The launches the mma path makes for a packed batch at offsets ``cu_seqlens`` (ints,
+    checked), as its launcher builds them (host code of the CUDA build; needs nvcc, not a GPU):
+    per launch the first sequence, the token offsets and the chunk offsets of its sequences (each
+    chunked from its own first token) and its chunks. Launches of empty sequences only are made
+    but launch nothing."""
+    lib = library("cuda")
+    n = len(cu_seqlens) - 1
+    cu = (ctypes.c_int * (n + 1))(*cu_seqlens)
+    out, g0 = [], 0
+    while g0 < n:
+        tok, chk, nc = (ctypes.c_int * (PACKED_LAUNCH + 1))(), (ctypes.c_int * (PACKED_LAUNCH + 1))(), ctypes.c_int()
+        m = lib.gdn_mma_packed_group(cu, n, g0, tok, chk, ctypes.byref(nc))
+        out.append({"first": g0, "sequences": m, "tok": list(tok[:m + 1]), "chk": list(chk[:m + 1]),
+                    "chunks": nc.value})
+        g0 += m
+    return out
 
 
 def _refuse_mma(op: str, q: torch.Tensor):
