@@ -5,6 +5,10 @@ are CUDA-graph replays (median of triton's do_bench); "auto" is the launcher's o
 (auto_plan: the pass ext.mma_pass names; auto_took: the forced pass(es) auto matched bit for bit).
 
     python benchmarks/gdn_pass_ab.py --out benchmarks/results/gdn-pass-ab-h200-YYYY-MM-DD.json
+
+Any other variable the launcher reads at each call can be A/B'd the same way, e.g. prepare's two
+schedules (``--env WORKBENCH_GDN_MMA_PREPARE --variants overlap lean``): each row then says
+whether the variants' o and final state are bit for bit those of the first variant.
 """
 
 from __future__ import annotations
@@ -30,45 +34,57 @@ from workbench.kernels.gdn import ext  # noqa: E402
 VARIANTS = ("warp", "smem", "auto")
 
 
-def _force(label: str):
-    os.environ["WORKBENCH_GDN_MMA_PASS"] = label
+def _force(env: str, label: str):
+    os.environ[env] = label
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--env", default="WORKBENCH_GDN_MMA_PASS", help="the variable the variants set")
+    ap.add_argument("--variants", nargs="+", default=list(VARIANTS))
+    ap.add_argument("--only", nargs="*", default=None, help="shapes whose name contains one of these")
     args = ap.parse_args()
+    variants = args.variants
     chunk, _ = _fla()
     rows = []
     # the grids the launcher gives the warp-resident pass (most warps) first
     for name, B, T, H, HV, K, V, norm in sorted(PREFILL, key=lambda r: -r[1] * r[4] * r[6]):
+        if args.only and not any(o in name for o in args.only):
+            continue
         ours, peer, lengths, _, dtype = prefill_calls(chunk, B, T, H, HV, K, V, norm)
-        # the launcher's rule (packed batches run one launch per sequence: B = 1)
-        row = {"shape": name, "auto_plan": ext.mma_pass(1 if lengths else B, HV, V, dtype)}
+        # the launcher's rule (a packed batch: one launch of HV times up to 128 sequences)
+        row = {"shape": name, "env": args.env,
+               "auto_plan": ext.mma_pass(min(len(lengths), 128) if lengths else B, HV, V, dtype)}
         outs = {}
-        for label in VARIANTS:
-            _force(label)
+        for label in variants:
+            _force(args.env, label)
             outs[label] = ours()
             row[f"ms_{label}"] = _bench(_graphed(ours))
+        os.environ.pop(args.env, None)
         of, _ = peer()
         row["ms_fla"] = _bench(_graphed(peer))
-        for label in VARIANTS:
+        for label in variants:
             row[f"ratio_{label}"] = row["ms_fla"] / row[f"ms_{label}"]
-        row["auto_took"] = [v for v in ("warp", "smem")
-                            if torch.equal(outs["auto"][0], outs[v][0])
-                            and torch.equal(outs["auto"][1], outs[v][1])]
-        row["rel_o_warp_vs_smem"] = _rel(outs["warp"][0], outs["smem"][0])
-        row["rel_state_warp_vs_smem"] = _rel(outs["warp"][1], outs["smem"][1])
-        row["rel_o_warp_vs_fla"] = _rel(outs["warp"][0], of)
+        first = variants[0]
+        for label in variants[1:]:
+            row[f"bitwise_{label}_vs_{first}"] = all(torch.equal(a, b) for a, b in zip(outs[label], outs[first]))
+        if {"warp", "smem", "auto"} <= set(variants):
+            row["auto_took"] = [v for v in ("warp", "smem")
+                                if torch.equal(outs["auto"][0], outs[v][0])
+                                and torch.equal(outs["auto"][1], outs[v][1])]
+            row["rel_o_warp_vs_smem"] = _rel(outs["warp"][0], outs["smem"][0])
+            row["rel_state_warp_vs_smem"] = _rel(outs["warp"][1], outs["smem"][1])
+        row[f"rel_o_{first}_vs_fla"] = _rel(outs[first][0], of)
         rows.append(row)
         print(json.dumps(row), flush=True)
-        _write(args.out, rows)
-    print("summary:", json.dumps(_write(args.out, rows)))
+        _write(args.out, rows, variants)
+    print("summary:", json.dumps(_write(args.out, rows, variants)))
 
 
-def _write(path: Path, rows: list) -> dict:
+def _write(path: Path, rows: list, variants) -> dict:
     """The results so far (rewritten after each shape, so a cut run keeps what it measured)."""
-    summary = {f"min_ratio_{v}": min(r[f"ratio_{v}"] for r in rows) for v in VARIANTS}
+    summary = {f"min_ratio_{v}": min(r[f"ratio_{v}"] for r in rows) for v in variants}
     out = {"benchmark": "gdn_pass_ab", "command": "python " + " ".join(sys.argv),
            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "device": torch.cuda.get_device_name(), "versions": _versions(),
