@@ -409,36 +409,56 @@ __device__ __forceinline__ void solve_block_columns(const float* As, const float
 
 constexpr int kTS = kC + 4;  // row stride of the right-hand sides (4 mod 16: B operands)
 
-// prepare's shared memory (offsets in floats), two layouts:
-//  - overlap (two blocks an SM): K, Q, A, the diagonal inverses X, the right-hand sides T and P
-//    each in its own place, so that P is formed beside the substitution;
-//  - lean (three blocks an SM with 16-bit q, k): the diagonal inverses in place in A's diagonal
-//    blocks, and T over the queries (which are dead once P is formed, before the substitution).
-template <int K, typename QT, bool LEAN>
+template <int K, typename QT>
 struct PrepSmem {
   static constexpr int SK = K + 8;  // key and query rows (QT elements)
-  static constexpr int QK = kC * SK * (int)sizeof(QT) / 4, TT = kC * kTS;
-  static constexpr int Ks = 0, Qs = Ks + QK;
-  static constexpr int As = LEAN ? Qs + (QK > TT ? QK : TT) : Qs + QK;
-  static constexpr int Xs = LEAN ? As : As + kC * kPS;
-  static constexpr int Ts = LEAN ? Qs : Xs + kC * kPS;
-  static constexpr int Ps = LEAN ? As + kC * kPS : Ts + TT;
-  static constexpr int gc = Ps + kC * kPS, bt = gc + kC, nq = bt + kC, nk = nq + kC,
-                       floats = nk + kC;
+  static constexpr int QK = kC * SK * (int)sizeof(QT) / 4;
+  static constexpr int Ks = 0, Qs = Ks + QK, As = Qs + QK, Xs = As + kC * kPS, Ts = Xs + kC * kPS,
+                       Ps = Ts + kC * kTS, gc = Ps + kC * kPS, bt = gc + kC, nq = bt + kC,
+                       nk = nq + kC, floats = nk + kC;
 };
 
-// The chunk's keys and queries (cp.async, as given), the cumulative decay gc and gcum (warp 0),
-// beta and the L2-norm factors (warp 1) of (b, hv, the chunk at t0 of L tokens), h = the q/k head.
-template <int K, int SK, typename QT>
-__device__ __forceinline__ void prep_inputs(const QT* __restrict__ q, const QT* __restrict__ k,
-                                            const float* __restrict__ g,
-                                            const float* __restrict__ beta,
-                                            const float* __restrict__ nq,
-                                            const float* __restrict__ nk, float* __restrict__ gcum,
-                                            QT* Ks, QT* Qs, float* gc, float* bt, float* nqv,
-                                            float* nkv, int b, int hv, int h, int t0, int L, int T,
-                                            int H, int HV, int tid) {
-  const int lane = tid & 31, w = tid >> 5;
+// Per (b, hv, chunk), all chunks in parallel: the cumulative decays gc (to gcum), Tinv =
+// (I + A)^-1 and PT = P Tinv (to tinv: [64][64] each per chunk, Tinv then PT, rounded to tf32;
+// both lower triangular, Tinv with a unit diagonal and identity rows past the chunk's end), with
+// P = (Q K^T) * exp(gc_i - gc_j) (lower, with the diagonal; rounded to tf32). A and P by mma from
+// the raw keys and queries (rounded at the fragment loads), scaled after by the L2-norm factors;
+// the 16 x 16 diagonal blocks of (I + A)^-1 in float32 (warps 0-1, gdn_mma.h); the identity's
+// columns by blocked forward substitution (warps 0-1, 32 columns each) while warps 2-7 form P;
+// then PT by mma (every warp, one 16 x 32 tile).
+template <int K, typename QT>
+__global__ void __launch_bounds__(kThreads, 2)
+mma_prepare(const QT* __restrict__ q, const QT* __restrict__ k, const float* __restrict__ g,
+            const float* __restrict__ beta, const float* __restrict__ nq,
+            const float* __restrict__ nk, float* __restrict__ gcum, float* __restrict__ tinv,
+            int T, int H, int HV, int NC, const Packed pk) {
+  using S = PrepSmem<K, QT>;
+  constexpr int SK = S::SK;
+  extern __shared__ float4 smem4[];
+  float* sm = reinterpret_cast<float*>(smem4);
+  QT* Ks = reinterpret_cast<QT*>(sm + S::Ks);  // [C][SK] keys as given
+  QT* Qs = reinterpret_cast<QT*>(sm + S::Qs);  // [C][SK] queries as given
+  float* As = sm + S::As;  // [C][PS]  A (strictly lower), float32; below the diagonal blocks tf32
+  float* Xs = sm + S::Xs;  // [C][PS]  the diagonal blocks of (I + A)^-1, tf32
+  float* Ts = sm + S::Ts;  // [C][TS]  the identity, then (I + A)^-1 (tf32)
+  float* Ps = sm + S::Ps;  // [C][PS]  tf32(P)
+  float* gc = sm + S::gc;  // [C] cumulative log decay
+  float* bt = sm + S::bt;  // [C] beta
+  float* nqv = sm + S::nq;  // [C] the L2-norm factors of the queries (1: none)
+  float* nkv = sm + S::nk;  // [C] and of the keys
+  // block x = (b HV + hv) NC + chunk, or packed: hv pk.nc + chunk (NC = pk.nc)
+  int b, hv, t0, L;
+  if (pk.n == 0) {
+    const int bh = blockIdx.x / NC, n = blockIdx.x % NC;
+    b = bh / HV, hv = bh % HV, t0 = n * kC, L = gdn::imin(kC, T - t0);
+  } else {
+    const int c = blockIdx.x % pk.nc, i = packed_seq_of_chunk(pk, c);
+    b = 0, hv = blockIdx.x / pk.nc, t0 = pk.tok[i] + (c - pk.chk[i]) * kC;
+    L = gdn::imin(kC, pk.tok[i + 1] - t0);
+  }
+  const int h = hv / (HV / H);
+  const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, gq = lane >> 2, tq = lane & 3;
+  float* out = tinv + (long)blockIdx.x * 2 * kC * kC;  // Tinv, then PT
   load_tile<kC, K, SK>(Ks, k + gdn::qk_index(b, t0, h, T, H, K), (long)H * K, L, tid);
   load_tile<kC, K, SK>(Qs, q + gdn::qk_index(b, t0, h, T, H, K), (long)H * K, L, tid);
   cp_commit();
@@ -466,151 +486,68 @@ __device__ __forceinline__ void prep_inputs(const QT* __restrict__ q, const QT* 
       nqv[i] = i < L ? norm_at(nq, qk_row(b, t0 + i, h, T, H)) : 1.f;
       nkv[i] = i < L ? norm_at(nk, qk_row(b, t0 + i, h, T, H)) : 1.f;
     }
+  } else {  // the identity, the right-hand sides of the substitution
+    for (int idx = tid - 64; idx < kC * kC; idx += kThreads - 64)
+      Ts[(idx / kC) * kTS + idx % kC] = idx / kC == idx % kC ? 1.f : 0.f;
   }
-}
-
-// Warp w's tile of A = K K^T, decayed and scaled by beta, strictly lower (raw keys rounded at the
-// fragment loads): rows 16 (w % 4).., columns 32 (w / 4)..; float32 on the diagonal blocks (the
-// inverse's input), tf32 below them (operands).
-template <int K, int SK, typename QT>
-__device__ __forceinline__ void prep_a_tile(const QT* Ks, float* As, const float* gc,
-                                            const float* bt, const float* nkv, int w, int lane) {
-  const int gq = lane >> 2, tq = lane & 3, i0 = (w & 3) * 16, n0 = (w >> 2) * 32;
-  float acc[1][4][4];
-  zero(acc);
-  if (n0 <= i0 + 15) gemm<1, 4, K, SK, 1, 1, SK, true, true>(acc, Ks + i0 * SK, Ks + n0 * SK, lane);
-#pragma unroll
-  for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-    for (int r = 0; r < 4; ++r) {
-      const int i = i0 + gq + 8 * (r >> 1), j = n0 + nt * 8 + 2 * tq + (r & 1);
-      const float a =
-          j < i ? bt[i] * (acc[0][nt][r] * (nkv[i] * nkv[j])) * expf(gc[i] - gc[j]) : 0.f;
-      As[i * kPS + j] = j / 16 < i / 16 ? rtf32(a) : a;  // below the diagonal blocks: operands
-    }
-}
-
-// Tile x (0..5) of P = (Q K^T) * exp(gc_i - gc_j), lower with the diagonal, rounded to tf32: the
-// six 16 x 32 tiles on or below the diagonal.
-template <int K, int SK, typename QT>
-__device__ __forceinline__ void prep_p_tile(const QT* Qs, const QT* Ks, float* Ps, const float* gc,
-                                            const float* nqv, const float* nkv, int x, int lane) {
-  const int gq = lane >> 2, tq = lane & 3;
-  const int i0 = x < 4 ? 16 * x : 16 * (x - 2), j0 = x < 4 ? 0 : 32;
-  float pa[1][4][4];
-  zero(pa);
-  gemm<1, 4, K, SK, 1, 1, SK, true, true>(pa, Qs + i0 * SK, Ks + j0 * SK, lane);
-#pragma unroll
-  for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-    for (int r = 0; r < 4; ++r) {
-      const int i = i0 + gq + 8 * (r >> 1), j = j0 + nt * 8 + 2 * tq + (r & 1);
-      Ps[i * kPS + j] = j <= i ? rtf32(pa[0][nt][r] * (nqv[i] * nkv[j]) * expf(gc[i] - gc[j])) : 0.f;
-    }
-}
-
-// Warp w's tile of PT = P Tinv (rows 16 (w % 4).., columns 32 (w / 4)..; upper tiles: zeros, not
-// computed), rounded to tf32, to out + kC * kC.
-__device__ __forceinline__ void prep_pt_tile(const float* Ps, const float* Ts, float* out, int w,
-                                             int lane) {
-  const int gq = lane >> 2, tq = lane & 3, i0 = (w & 3) * 16, j0 = (w >> 2) * 32;
-  float acc[1][4][4];
-  zero(acc);
-  if (j0 <= i0 + 15) gemm_to<1, 4, kPS, 1, kTS, 1>(acc, Ps + i0 * kPS, Ts + j0, i0 + 16, lane);
-#pragma unroll
-  for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-    for (int hf = 0; hf < 2; ++hf) {
-      const int i = i0 + gq + 8 * hf, c = j0 + nt * 8 + 2 * tq;
-      *reinterpret_cast<float2*>(out + kC * kC + i * kC + c) =
-          make_float2(rtf32(acc[0][nt][2 * hf]), rtf32(acc[0][nt][2 * hf + 1]));
-    }
-}
-
-// The identity's columns c0 .. c0 + 32 (all 64 rows) in the right-hand sides Ts, by nt threads.
-__device__ __forceinline__ void prep_identity(float* Ts, int c0, int cols, int t, int nt) {
-  for (int idx = t; idx < kC * cols; idx += nt) {
-    const int r = idx / cols, c = c0 + idx % cols;
-    Ts[r * kTS + c] = r == c ? 1.f : 0.f;
-  }
-}
-
-// Per (b, hv, chunk), all chunks in parallel: the cumulative decays gc (to gcum), Tinv =
-// (I + A)^-1 and PT = P Tinv (to tinv: [64][64] each per chunk, Tinv then PT, rounded to tf32;
-// both lower triangular, Tinv with a unit diagonal and identity rows past the chunk's end), with
-// P = (Q K^T) * exp(gc_i - gc_j) (lower, with the diagonal; rounded to tf32). A and P by mma from
-// the raw keys and queries (rounded at the fragment loads), scaled after by the L2-norm factors;
-// the 16 x 16 diagonal blocks of (I + A)^-1 in float32 (warps 0-1, gdn_mma.h); the identity's
-// columns by blocked forward substitution (warps 0-1, 32 columns each); then PT by mma (every
-// warp, one 16 x 32 tile). Two schedules, the same arithmetic (bit for bit):
-//  - overlap (LEAN false, two blocks an SM): warps 2-7 form P while warps 0-1 invert and
-//    substitute;
-//  - lean (three blocks an SM with 16-bit q and k): P before the substitution (warps 2-7, after
-//    their A tiles), the diagonal inverses written over A's diagonal blocks and the right-hand
-//    sides over the queries, so prepare needs 71 KiB of shared memory instead of 108.5 at K = 128.
-// Block x: (b HV + hv) NC + chunk, or packed: hv pk.nc + chunk (NC = pk.nc).
-template <int K, typename QT, bool LEAN>
-__global__ void __launch_bounds__(kThreads, LEAN && !is_f32<QT> ? 3 : 2)
-mma_prepare(const QT* __restrict__ q, const QT* __restrict__ k, const float* __restrict__ g,
-            const float* __restrict__ beta, const float* __restrict__ nq,
-            const float* __restrict__ nk, float* __restrict__ gcum, float* __restrict__ tinv,
-            int T, int H, int HV, int NC, const Packed pk) {
-  using S = PrepSmem<K, QT, LEAN>;
-  constexpr int SK = S::SK;
-  extern __shared__ float4 smem4[];
-  float* sm = reinterpret_cast<float*>(smem4);
-  QT* Ks = reinterpret_cast<QT*>(sm + S::Ks);  // [C][SK] keys as given
-  QT* Qs = reinterpret_cast<QT*>(sm + S::Qs);  // [C][SK] queries as given
-  float* As = sm + S::As;  // [C][PS]  A (strictly lower), float32; below the diagonal blocks tf32
-  float* Xs = sm + S::Xs;  // [C][PS]  the diagonal blocks of (I + A)^-1, tf32 (lean: in As)
-  float* Ts = sm + S::Ts;  // [C][TS]  the identity, then (I + A)^-1 (tf32) (lean: over Qs)
-  float* Ps = sm + S::Ps;  // [C][PS]  tf32(P)
-  float* gc = sm + S::gc;  // [C] cumulative log decay
-  float* bt = sm + S::bt;  // [C] beta
-  float* nqv = sm + S::nq;  // [C] the L2-norm factors of the queries (1: none)
-  float* nkv = sm + S::nk;  // [C] and of the keys
-  int b, hv, t0, L;
-  if (pk.n == 0) {
-    const int bh = blockIdx.x / NC, n = blockIdx.x % NC;
-    b = bh / HV, hv = bh % HV, t0 = n * kC, L = gdn::imin(kC, T - t0);
-  } else {
-    const int c = blockIdx.x % pk.nc, i = packed_seq_of_chunk(pk, c);
-    b = 0, hv = blockIdx.x / pk.nc, t0 = pk.tok[i] + (c - pk.chk[i]) * kC;
-    L = gdn::imin(kC, pk.tok[i + 1] - t0);
-  }
-  const int h = hv / (HV / H);
-  const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
-  float* out = tinv + (long)blockIdx.x * 2 * kC * kC;  // Tinv, then PT
-  prep_inputs<K, SK>(q, k, g, beta, nq, nk, gcum, Ks, Qs, gc, bt, nqv, nkv, b, hv, h, t0, L, T, H,
-                     HV, tid);
-  if (!LEAN && w >= 2) prep_identity(Ts, 0, kC, tid - 64, kThreads - 64);
   cp_wait<0>();
   __syncthreads();
-  prep_a_tile<K, SK>(Ks, As, gc, bt, nkv, w, lane);
-  if (LEAN && w >= 2) prep_p_tile<K, SK>(Qs, Ks, Ps, gc, nqv, nkv, w - 2, lane);
-  __syncthreads();  // A is complete (lean: and P; the queries are dead)
+  {  // A = K K^T, decayed and scaled, strictly lower (raw keys rounded at the fragment loads)
+    const int i0 = (w & 3) * 16, n0 = (w >> 2) * 32;
+    float acc[1][4][4];
+    zero(acc);
+    if (n0 <= i0 + 15)
+      gemm<1, 4, K, SK, 1, 1, SK, true, true>(acc, Ks + i0 * SK, Ks + n0 * SK, lane);
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const int i = i0 + gq + 8 * (r >> 1), j = n0 + nt * 8 + 2 * tq + (r & 1);
+        const float a = j < i ? bt[i] * (acc[0][nt][r] * (nkv[i] * nkv[j])) * expf(gc[i] - gc[j])
+                              : 0.f;
+        As[i * kPS + j] = j / 16 < i / 16 ? rtf32(a) : a;  // below the diagonal blocks: operands
+      }
+  }
+  __syncthreads();
   if (tid < 64) {  // warps 0-1: the diagonal blocks of (I + A)^-1, one column each
     const int o = (tid / 16) * 16, j = tid % 16;
     float x[16];
     gdn::inverse_diag16_column(As, kPS, o, j, x);
-    // lean: over A's diagonal block, which only this warp's 16 lanes of block o read
-    if (LEAN) __syncwarp();
 #pragma unroll
     for (int i = 0; i < 16; ++i) Xs[(o + i) * kPS + o + j] = rtf32(x[i]);
     // (I + A)^-1, 32 columns per warp: warp 0 formed diagonal blocks 0-1 and warp 1 blocks 2-3,
-    // and each warp's substitution reads all four, so the two warps meet first (named barrier;
-    // lean: with warps 2-7, which write the identity over the queries meanwhile)
-    if (LEAN) asm volatile("bar.sync 1, 256;" ::: "memory");
-    else asm volatile("bar.sync 1, 64;" ::: "memory");
+    // and each warp's substitution reads all four, so the two warps meet first (named barrier)
+    asm volatile("bar.sync 1, 64;" ::: "memory");
     solve_block_columns<kTS>(As, Xs, Ts + 32 * w, out + 32 * w, kC, lane);
-  } else if (LEAN) {
-    prep_identity(Ts, 0, kC, tid - 64, kThreads - 64);
-    asm volatile("bar.arrive 1, 256;" ::: "memory");
   } else {  // warps 2-7: P, one 16 x 32 tile each of the six on or below the diagonal
-    prep_p_tile<K, SK>(Qs, Ks, Ps, gc, nqv, nkv, w - 2, lane);
+    const int x = w - 2, i0 = x < 4 ? 16 * x : 16 * (x - 2), j0 = x < 4 ? 0 : 32;
+    float pa[1][4][4];
+    zero(pa);
+    gemm<1, 4, K, SK, 1, 1, SK, true, true>(pa, Qs + i0 * SK, Ks + j0 * SK, lane);
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const int i = i0 + gq + 8 * (r >> 1), j = j0 + nt * 8 + 2 * tq + (r & 1);
+        Ps[i * kPS + j] =
+            j <= i ? rtf32(pa[0][nt][r] * (nqv[i] * nkv[j]) * expf(gc[i] - gc[j])) : 0.f;
+      }
   }
   __syncthreads();
-  prep_pt_tile(Ps, Ts, out, w, lane);
+  {  // PT = P Tinv, rows 16 (w % 4).., columns 32 (w / 4).. (upper tiles: zeros, not computed)
+    const int i0 = (w & 3) * 16, j0 = (w >> 2) * 32;
+    float acc[1][4][4];
+    zero(acc);
+    if (j0 <= i0 + 15) gemm_to<1, 4, kPS, 1, kTS, 1>(acc, Ps + i0 * kPS, Ts + j0, i0 + 16, lane);
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        const int i = i0 + gq + 8 * hf, c = j0 + nt * 8 + 2 * tq;
+        *reinterpret_cast<float2*>(out + kC * kC + i * kC + c) =
+            make_float2(rtf32(acc[0][nt][2 * hf]), rtf32(acc[0][nt][2 * hf + 1]));
+      }
+  }
 }
 
 // ------------------------------------------------------------------------------- the pass
@@ -1120,42 +1057,24 @@ cudaError_t launch_wpass(const GdnArgs* a, float* state, int seqs, int NC, const
 
 // prepare and the pass over seqs sequences of NC chunks at most: a plain batch (pk.n = 0, seqs =
 // B) or one launch's group of a packed batch (seqs = pk.n, NC = pk.nc; state: the group's first).
-// Which prepare runs: the lean schedule (three blocks an SM) unless WORKBENCH_GDN_MMA_PREPARE
-// says "overlap" (two blocks an SM, P beside the substitution); the same arithmetic, bit for bit.
-bool prepare_lean() {
-  const char* e = getenv("WORKBENCH_GDN_MMA_PREPARE");
-  return !(e && !strcmp(e, "overlap"));
-}
-
-template <int K, typename QT, bool LEAN>
-cudaError_t launch_prepare(const GdnArgs* a, int blocks, int NC, const Packed& pk, cudaStream_t s) {
-  constexpr size_t bytes = sizeof(float) * PrepSmem<K, QT, LEAN>::floats;
-  static_assert(bytes <= 227 * 1024, "prepare's shared memory");
-  cudaError_t err = allow_smem(mma_prepare<K, QT, LEAN>, bytes);
-  if (err != cudaSuccess) return err;
-  mma_prepare<K, QT, LEAN><<<blocks, kThreads, bytes, s>>>(
-      static_cast<const QT*>(a->q), static_cast<const QT*>(a->k), a->g, a->beta, a->nq, a->nk,
-      a->gcum, a->tinv, a->T, a->H, a->HV, NC, pk);
-  return cudaSuccess;
-}
-
-// prepare and the pass over seqs sequences of NC chunks at most: a plain batch (pk.n = 0, seqs =
-// B) or one launch's group of a packed batch (seqs = pk.n, NC = pk.nc; state: the group's first).
 template <int K, typename QT>
 cudaError_t launch_chunks(const GdnArgs* a, float* state, int seqs, int NC, const Packed& pk,
                           cudaStream_t s) {
   const QT *q = static_cast<const QT*>(a->q), *k = static_cast<const QT*>(a->k),
            *v = static_cast<const QT*>(a->v);
-  static_assert(sizeof(float) * PassSmem<K, QT>::floats <= 227 * 1024, "the pass's shared memory");
-  const size_t s2 = sizeof(float) * PassSmem<K, QT>::floats;
+  constexpr int kMaxSmem = 227 * 1024;  // an sm_90 block's opt-in shared memory
+  static_assert(sizeof(float) * PrepSmem<K, QT>::floats <= kMaxSmem, "prepare's shared memory");
+  static_assert(sizeof(float) * PassSmem<K, QT>::floats <= kMaxSmem, "the pass's shared memory");
+  const size_t s1 = sizeof(float) * PrepSmem<K, QT>::floats,
+               s2 = sizeof(float) * PassSmem<K, QT>::floats;
   const int HV = a->HV, V = a->V;
   cudaError_t err;
+  if ((err = allow_smem(mma_prepare<K, QT>, s1)) != cudaSuccess) return err;
   if ((err = allow_smem(mma_pass<K, QT>, s2)) != cudaSuccess) return err;
   // prepare: a block per chunk and head (packed: the launch's NC = pk.nc chunks, all sequences)
-  const int blocks = (pk.n ? NC : seqs * NC) * HV;
-  err = prepare_lean() ? launch_prepare<K, QT, true>(a, blocks, NC, pk, s)
-                       : launch_prepare<K, QT, false>(a, blocks, NC, pk, s);
-  if (err != cudaSuccess) return err;
+  const int chunks = pk.n ? NC : seqs * NC;
+  mma_prepare<K, QT><<<chunks * HV, kThreads, s1, s>>>(q, k, a->g, a->beta, a->nq, a->nk,
+                                                          a->gcum, a->tinv, a->T, a->H, HV, NC, pk);
   const int nw = pass_plan(seqs * HV, V, is_f32<QT>, sm_count());
   if (nw == 0) {
     mma_pass<K, QT><<<dim3(seqs * HV, V / kBV), kThreads, s2, s>>>(

@@ -9,7 +9,7 @@ import workbench
 from workbench.errors import KernelArgumentError, PolicyError
 from workbench.kernels import _native, gdn
 from workbench.kernels.gdn import ext, oracle
-from workbench.kernels.gdn._cases import case_id, make_inputs, packed_inputs
+from workbench.kernels.gdn._cases import case_id, make_inputs
 from workbench.kernels.gdn._checks import l2norm
 from workbench.kernels.registry import kernel_log
 from workbench.numerics.policy import Policy
@@ -61,9 +61,9 @@ def test_cuda_mma_kernels_keep_registers(tmp_path):
     seen = {name for name, _ in reports if re.search(r"mma_(wpass|pass|prepare)ILi(64|128)E", name)}
     kinds = {kind: [n for n in seen if re.search(rf"mma_{kind}I", n)]
              for kind in ("prepare", "pass", "wpass")}
-    # prepare (two schedules) and the shared-memory pass: K 64/128 x fp32/bf16/fp16; the warp-resident pass:
+    # prepare and the shared-memory pass: K 64/128 x fp32/bf16/fp16; the warp-resident pass:
     # 16-bit inputs at 2, 4 and 8 warps a block, fp32 at 2
-    assert [len(v) for v in kinds.values()] == [12, 6, 14], sorted(seen)
+    assert [len(v) for v in kinds.values()] == [6, 6, 14], sorted(seen)
     spills = [(name, n) for name, n in reports if name in seen and int(n)]
     assert not spills, spills
 
@@ -355,27 +355,6 @@ def test_cuda_mma_pass_choice(monkeypatch):
         assert noted["auto"].startswith(f"mma/{want}") and noted["smem"] == "mma/smem"
         assert workbench.compare(out["smem"][1], out["warp"][1]).rel_l2 <= 1e-5
         assert workbench.compare(out["smem"][0].float(), out["warp"][0].float()).rel_l2 <= 1e-3
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("K, V, dtype", [(128, 128, torch.bfloat16), (64, 96, torch.float16),
-                                         (128, 64, torch.float32)])
-def test_cuda_mma_prepare_schedules_bit_equal(K, V, dtype, monkeypatch):
-    """prepare's two schedules (lean: three blocks an SM, the diagonal inverses over A and the
-    right-hand sides over the queries; overlap: two blocks an SM, P beside the substitution) do
-    the same arithmetic: o and the state bit for bit, with and without the L2 norm in the kernel,
-    on a batch and on a packed batch."""
-    monkeypatch.setenv("WORKBENCH_GDN_CUDA_PATH", "mma")
-    x = make_inputs(2, 150, 2, 4, K, V, dtype=dtype, state=True, seed=21, device="cuda")
-    px = packed_inputs([0, 70, 1, 129], H=2, HV=4, K=K, V=V, dtype=dtype, seed=22, device="cuda")
-    for norm in (False, True):
-        out = {}
-        for sched in ("overlap", "lean"):
-            monkeypatch.setenv("WORKBENCH_GDN_MMA_PREPARE", sched)
-            out[sched] = (gdn.chunked(**x, qk_l2norm=norm, backend="ext"),
-                          gdn.chunked(**px, qk_l2norm=norm, backend="ext"))
-        for a, b in zip(out["overlap"], out["lean"]):
-            assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]), (K, V, dtype, norm)
 
 
 @pytest.mark.gpu
