@@ -30,6 +30,11 @@
 // nk), and the kernels fold them into the products they form from the raw q and k (A, P, K S,
 // Q S, the state update's keys), so q and k keep their 16-bit reads;
 // without a norm the factors are 1 and every product is unchanged bit for bit.
+// Packed (varlen) batches: B = 1 with the sequences' token offsets; one launch of prepare and one
+// of the pass per 128 sequences, the offsets passed by value (Packed): prepare has a block per
+// chunk and head over all the launch's sequences, each chunked from its own first token, and the
+// pass a block per sequence, head and column group, with the sequence's own state; a sequence's
+// arithmetic is that of the sequence alone on the same pass.
 // Workspace (float32): gcum [B,HV,T], Tinv and PT [B,HV,NC,2,64,64] (GdnArgs.tinv). o is written
 // in float32, bf16 or fp16 (rounded to nearest even from the float32 result).
 #include <cuda_bf16.h>

@@ -21,6 +21,10 @@ for bf16/fp16 inputs (after ``policy.input_dtype``) when the shape fits and the 
 fp32, else ``scalar``. The choice is the policy knob ``cuda_path`` (auto, scalar, mma);
 ``WORKBENCH_GDN_CUDA_PATH`` replaces its default ``auto`` only. The path taken is noted with the
 call (:func:`workbench.kernels.registry.kernel_log`).
+
+Packed batches (``cu_seqlens``) run in one launch pair per 128 sequences on the mma path (each
+sequence chunked from its own first token with its own state: bit for bit the sequence alone on
+the same pass); every other path runs each sequence alone (``_varlen.per_sequence``).
 """
 
 from __future__ import annotations
@@ -34,11 +38,11 @@ import torch
 from workbench.errors import KernelArgumentError, PolicyError
 from workbench.kernels import _abi, _native
 from workbench.kernels._abi import GdnArgs
+from workbench.kernels.gdn._checks import check_gdn, l2norm, resolve_chunk
 from workbench.kernels.gdn._launch import DIRECT, check_direct, empty_result, stage, stage_direct
 from workbench.kernels.registry import backend_op, note_path
 from workbench.numerics.dtypes import native_code, torch_dtype
 from workbench.numerics.policy import requested_cuda_path
-from workbench.kernels.gdn._checks import check_gdn, l2norm, resolve_chunk
 from workbench.kernels.gdn._varlen import check_packed, per_sequence
 
 # the ops this backend implements itself; the helper ops (gates, conv, gated norm) are torch's
@@ -357,7 +361,7 @@ def _packed_mma(q, k, v, g, beta, scale, initial_state, qk_l2norm, chunk_size, c
         return None
     st = staged("chunked", q, k, v, g, beta, scale, None, qk_l2norm, policy=p, chunk_size=chunk_size)
     # the pass of the (first) launch: HV times its sequences
-    note_path(lambda: f"mma/{mma_pass(min(n, 128), s.HV, s.V, st.tensors[0].dtype, _sm_count(q.device))}")
+    note_path(lambda: f"mma/{mma_pass(min(n, PACKED_LAUNCH), s.HV, s.V, st.tensors[0].dtype, _sm_count(q.device))}")
     state = (torch.zeros(n, s.HV, s.K, s.V, dtype=torch.float32, device=q.device) if initial_state is None
              else initial_state.to(torch.float32).clone().contiguous())
     odt = st.out if st.out in MMA_OUT else torch.float32
