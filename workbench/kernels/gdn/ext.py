@@ -178,6 +178,13 @@ def mma_packed_launches(cu_seqlens) -> list[dict]:
     return out
 
 
+def mma_packed_workspace_chunks(cu_seqlens) -> int:
+    """Chunks of the workspace a packed batch at offsets ``cu_seqlens`` needs on the mma path: the
+    most of any one launch (its launches run one after another on the stream and reuse it)."""
+    chunks = [-(-(b - a) // 64) for a, b in zip(cu_seqlens[:-1], cu_seqlens[1:])]
+    return max((sum(chunks[g:g + PACKED_LAUNCH]) for g in range(0, len(chunks), PACKED_LAUNCH)), default=0)
+
+
 def _refuse_mma(op: str, q: torch.Tensor):
     raise PolicyError(f"policy.cuda_path='mma': the tensor-core path exists for the CUDA chunked form only, "
                       f"not for {op} on {q.device.type} tensors", key="cuda_path",
@@ -328,8 +335,7 @@ def _launch_mma(lib, a, s, C, acc64, tensors, o, qk_l2norm, cu_seqlens=None):
     if cu_seqlens is None:
         tinv = torch.empty(s.B, s.HV, -(-s.T // 64), 2, 64, 64, **f32)
     else:
-        nc = sum(-(-(b - a_) // 64) for a_, b in zip(cu_seqlens[:-1], cu_seqlens[1:]))
-        tinv = torch.empty(s.HV, nc, 2, 64, 64, **f32)
+        tinv = torch.empty(s.HV, mma_packed_workspace_chunks(cu_seqlens), 2, 64, 64, **f32)
     ws = [torch.empty(s.B, s.HV, s.T, **f32), tinv]
     if qk_l2norm:
         ws += [torch.empty(s.B, s.T, s.H, **f32) for _ in range(2)]
