@@ -370,6 +370,35 @@ mma_l2_norms(const QT* __restrict__ q, const QT* __restrict__ k, float* __restri
   }
 }
 
+// A chunk's per-row values into a pass's stage, by NT threads (4-byte copies: per-row values need
+// not be 16-byte aligned): at d the decays gc (from gcum), beta and the L2-norm factors of the
+// queries and keys (1 where there is none), kC each in this order; rows >= L: 0, 0, 1, 1.
+template <int NT>
+__device__ __forceinline__ void stage_rows(float* d0, const float* __restrict__ gcum,
+                                           const float* __restrict__ beta,
+                                           const float* __restrict__ nq,
+                                           const float* __restrict__ nk, int b, int hv, int h,
+                                           int t0, int L, int T, int H, int HV, int tid) {
+  auto row = [&](int idx) {
+    const int i = idx % kC, part = idx / kC;
+    float* d = d0 + part * kC + i;
+    if (i < L) {
+      if (part == 0) cp4(d, gcum + gdn::ws_row(b, hv, t0 + i, HV, T));
+      else if (part == 1) cp4(d, beta + gdn::gate_index(b, t0 + i, hv, T, HV));
+      else if (const float* nn = part == 2 ? nq : nk) cp4(d, nn + qk_row(b, t0 + i, h, T, H));
+      else *d = 1.f;
+    } else {
+      *d = part < 2 ? 0.f : 1.f;
+    }
+  };
+  if constexpr (NT == 4 * kC) {  // one value per thread
+    row(tid);
+  } else {
+#pragma unroll
+    for (int idx = tid; idx < 4 * kC; idx += NT) row(idx);
+  }
+}
+
 // ------------------------------------------------------------------------------------ prepare
 
 // One warp, 32 columns of R (row stride LDR; the tf32 right-hand sides, replaced in place by the
@@ -639,18 +668,7 @@ mma_pass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restric
                                2 * kC, tid);  // Tinv and PT
     load_tile<kC, kBV, P::SVT>(reinterpret_cast<QT*>(sb + P::Vt),
                                v + gdn::v_index(b, t0, hv, T, HV, V) + c0, (long)HV * V, L, tid);
-    {  // 4-byte copies: per-row values need not be 16-byte aligned
-      const int i = tid % kC, part = tid / kC;
-      float* d = sb + P::G + part * kC + i;  // G, BT, NQ, NK in this order
-      if (i < L) {
-        if (part == 0) cp4(d, gcum + gdn::ws_row(b, hv, t0 + i, HV, T));
-        else if (part == 1) cp4(d, beta + gdn::gate_index(b, t0 + i, hv, T, HV));
-        else if (const float* nn = part == 2 ? nq : nk) cp4(d, nn + qk_row(b, t0 + i, h, T, H));
-        else *d = 1.f;
-      } else {
-        *d = part < 2 ? 0.f : 1.f;
-      }
-    }
+    stage_rows<kThreads>(sb + P::G, gcum, beta, nq, nk, b, hv, h, t0, L, T, H, HV, tid);
     cp_commit();
   };
   auto issue_q = [&](int n) {
@@ -658,7 +676,6 @@ mma_pass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restric
     load_tile<kC, K, SQ>(Qs, q + gdn::qk_index(b, t0, h, T, H, K), (long)H * K, L, tid);
     cp_commit();
   };
-  static_assert(4 * kC == kThreads, "one per-row value per thread");
   if (sq.nc > 0) {
     issue(0);
     issue_q(0);
@@ -824,18 +841,7 @@ mma_wpass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restri
     load_tile<kC, P::BV, SVT, NTH>(reinterpret_cast<QT*>(sb + P::Vt),
                                    v + gdn::v_index(b, t0, hv, T, HV, V) + blockIdx.y * P::BV,
                                    (long)HV * V, L, tid);
-    for (int idx = tid; idx < 4 * kC; idx += NTH) {  // G, BT, NQ, NK; 4-byte copies
-      const int i = idx % kC, part = idx / kC;
-      float* d = sb + P::G + part * kC + i;
-      if (i < L) {
-        if (part == 0) cp4(d, gcum + gdn::ws_row(b, hv, t0 + i, HV, T));
-        else if (part == 1) cp4(d, beta + gdn::gate_index(b, t0 + i, hv, T, HV));
-        else if (const float* nn = part == 2 ? nq : nk) cp4(d, nn + qk_row(b, t0 + i, h, T, H));
-        else *d = 1.f;
-      } else {
-        *d = part < 2 ? 0.f : 1.f;
-      }
-    }
+    stage_rows<NTH>(sb + P::G, gcum, beta, nq, nk, b, hv, h, t0, L, T, H, HV, tid);
     cp_commit();
   };
   if (sq.nc > 0) issue(0);
