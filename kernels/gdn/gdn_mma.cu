@@ -22,7 +22,13 @@
 // gives the same product), so operands stored with k contiguous load as 8-byte pairs; tile row
 // strides are 8 mod 32 floats for those and 4 mod 16 for operands read across k rows, which
 // keeps the loads free of bank conflicts (bf16 / fp16 tiles: strides 8 mod 64 elements, pairs
-// loaded as 4 bytes).
+// loaded as 4 bytes). Raw bf16 / fp16 keys and queries mostly reach the fragments by ldmatrix
+// (two k-steps of a 16-row block, or of two n-tiles, a load; transposed where a product reads
+// them across rows), each 32-bit pair then split into two tf32 operands: the same operands, in
+// the same order, as the pair loads. The kernels are issue-bound (ncu), so the instructions
+// around the mma count: the stage copies step one address a thread by constants, the products
+// over a triangle's run-time depth are unrolled behind warp-uniform tests, o's element type is
+// one branch outside the store loops (benchmarks/gdn_sass_mix.py counts them).
 // q, k, v are read as float32 or, as the caller gave them, bf16 / fp16 (each kernel is templated
 // on that type, QT): a 16-bit value is exact in tf32, so the result is the same bit for bit as
 // with the values widened to float32 first, for half the bytes of q, k and v where they are read.
@@ -59,7 +65,11 @@ constexpr int kThreads = 256;  // every kernel: 8 warps
 __device__ __forceinline__ uint32_t tf32_bits(float x) {
   uint32_t r;
   asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900
+  return r;  // sm_90: the conversion's own code clears the 13 low bits (its SASS ends in that mask)
+#else
   return r & 0xffffe000u;
+#endif
 }
 // x rounded to nearest tf32 (ties away from zero), as a float
 __device__ __forceinline__ float rtf32(float x) { return __uint_as_float(tf32_bits(x)); }
@@ -91,6 +101,29 @@ __device__ __forceinline__ float2 ld2(const __half* p) {
 }
 template <typename T>
 constexpr bool is_f32 = std::is_same<T, float>::value;
+
+// o's elements: float32 as computed, bf16 / fp16 rounded to nearest even; pairs (p: 4 or 8 bytes
+// aligned).
+__device__ __forceinline__ void put(float* p, float x) { *p = x; }
+__device__ __forceinline__ void put(__nv_bfloat16* p, float x) { *p = __float2bfloat16_rn(x); }
+__device__ __forceinline__ void put(__half* p, float x) { *p = __float2half_rn(x); }
+__device__ __forceinline__ void put2(float* p, float x, float y) {
+  *reinterpret_cast<float2*>(p) = make_float2(x, y);
+}
+__device__ __forceinline__ void put2(__nv_bfloat16* p, float x, float y) {
+  *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(x, y);
+}
+__device__ __forceinline__ void put2(__half* p, float x, float y) {
+  *reinterpret_cast<__half2*>(p) = __floats2half2_rn(x, y);
+}
+// f(typed o) for o's element type code odt (0 float32, 1 bf16, 2 fp16): one branch, outside the
+// stores' loops.
+template <typename F>
+__device__ __forceinline__ void with_out_type(void* o, int odt, F&& f) {
+  if (odt == 1) f(static_cast<__nv_bfloat16*>(o));
+  else if (odt == 2) f(static_cast<__half*>(o));
+  else f(static_cast<float*>(o));
+}
 
 __device__ __forceinline__ void mma8(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
                                      uint32_t b1) {
@@ -210,9 +243,10 @@ __device__ __forceinline__ void gemm_pair(float (&acc1)[1][NT][4], float (&acc2)
   if constexpr (KD > 0) {
 #pragma unroll
     for (int k0 = 0; k0 < KD; k0 += 8) step(k0);
-  } else {
-#pragma unroll 2
-    for (int k0 = 0; k0 < kd; k0 += 8) step(k0);
+  } else {  // kd <= kC: unrolled, each k-step behind a test (warp-uniform), constant offsets
+#pragma unroll
+    for (int k0 = 0; k0 < kC; k0 += 8)
+      if (k0 < kd) step(k0);
   }
 }
 
@@ -234,10 +268,6 @@ __device__ __forceinline__ void zero(float (&acc)[MT][NT][4]) {
       for (int r = 0; r < 4; ++r) acc[m][n][r] = 0.f;
 }
 
-__device__ __forceinline__ void cp16(void* dst, const void* src) {
-  const unsigned s = (unsigned)__cvta_generic_to_shared(dst);
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(src));
-}
 __device__ __forceinline__ void cp4(float* dst, const float* src) {
   const unsigned s = (unsigned)__cvta_generic_to_shared(dst);
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(s), "l"(src));
@@ -271,21 +301,127 @@ __device__ __forceinline__ void split16(uint32_t r, uint32_t& lo, uint32_t& hi) 
   }
 }
 
-// ROWS x COLS elements (16 bytes a multiple of a row) from global rows of stride sst into shared
-// rows of stride LD (elements; 16-byte aligned rows), 16 bytes per cp.async, thread tid of NT
-// taking pieces tid, tid + NT, ...; rows >= L are zero-filled.
-template <int ROWS, int COLS, int LD, int NT = kThreads, typename T>
-__device__ __forceinline__ void load_tile(T* dst, const T* src, long sst, int L, int tid) {
-  constexpr int E = 16 / sizeof(T), C4 = COLS / E, N = ROWS * C4;
-  static_assert(COLS % E == 0 && (LD * sizeof(T)) % 16 == 0, "16-byte pieces");
-#pragma unroll 4
-  for (int it = 0; it < (N + NT - 1) / NT; ++it) {
-    const int idx = tid + it * NT;
-    if (N % NT == 0 || idx < N) {
-      const int r = idx / C4, c = (idx % C4) * E;
-      if (r < L) cp16(dst + r * LD + c, src + r * sst + c);
-      else *reinterpret_cast<float4*>(dst + r * LD + c) = make_float4(0.f, 0.f, 0.f, 0.f);
+// gemm_pair over a depth KD (a multiple of 16) for 16-bit A operands with k contiguous (row
+// stride AI elements): each A's fragments of two k-steps by one ldmatrix (lane l gives the
+// address of row l % 16, k 8 (l / 16) of the 16 x 16 block), split into tf32 operands (exact);
+// B float32 in shared memory as in gemm_pair (BK = 1: pairs; operands already exact in tf32).
+// The same products, operands and order as gemm_pair's.
+template <int NT, int KD, int AI, int BN, typename TA>
+__device__ __forceinline__ void gemm_pair16(float (&acc1)[1][NT][4], float (&acc2)[1][NT][4],
+                                            const TA* A1, const TA* A2, const float* B,
+                                            int lane) {
+  static_assert(KD % 16 == 0 && !is_f32<TA>, "16-bit A, k-steps in pairs");
+  const int g = lane >> 2, t = lane & 3, ao = (lane & 15) * AI + 8 * (lane >> 4);
+  B += 2 * t + g * BN;
+#pragma unroll
+  for (int k0 = 0; k0 < KD; k0 += 16) {
+    uint32_t r1[4], r2[4];
+    ldsm4<false>(r1, A1 + ao + k0);
+    ldsm4<false>(r2, A2 + ao + k0);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {  // k-steps k0 and k0 + 8: registers 2h (rows g) and 2h + 1 (g + 8)
+      uint32_t a1[4], a2[4];
+      split16<TA>(r1[2 * h], a1[0], a1[2]);
+      split16<TA>(r1[2 * h + 1], a1[1], a1[3]);
+      split16<TA>(r2[2 * h], a2[0], a2[2]);
+      split16<TA>(r2[2 * h + 1], a2[1], a2[3]);
+#pragma unroll
+      for (int n = 0; n < NT; ++n) {
+        const float2 x = ld2(B + k0 + 8 * h + n * 8 * BN);
+        mma8(acc1[0][n], a1, __float_as_uint(x.x), __float_as_uint(x.y));
+        mma8(acc2[0][n], a2, __float_as_uint(x.x), __float_as_uint(x.y));
+      }
     }
+  }
+}
+
+// gemm<1, NT, KD, 1, AK, ...> for a 16-bit A stored transposed (A(i, k) at A[k * AK + i], i
+// contiguous): the fragments of two k-steps by one transposing ldmatrix (lane l gives the
+// address of k = (l % 8) + 8 (l / 16), i = 8 ((l / 8) % 2)), split into tf32 operands (exact);
+// B float32, (k, n) at B[k + n * BN] (pairs). The same products, operands and order as gemm's.
+template <int NT, int KD, int AK, int BN, typename TA>
+__device__ __forceinline__ void gemm16t(float (&acc)[1][NT][4], const TA* A, const float* B,
+                                       int lane) {
+  static_assert(KD % 16 == 0 && !is_f32<TA>, "16-bit A, k-steps in pairs");
+  const int g = lane >> 2, t = lane & 3;
+  A += ((lane & 7) + 8 * (lane >> 4)) * AK + 8 * ((lane >> 3) & 1);
+  B += 2 * t + g * BN;
+#pragma unroll
+  for (int k0 = 0; k0 < KD; k0 += 16) {
+    uint32_t r[4];
+    ldsm4<true>(r, A + k0 * AK);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {  // k-steps k0 and k0 + 8: registers 2h (rows g) and 2h + 1 (g + 8)
+      uint32_t a[4];
+      split16<TA>(r[2 * h], a[0], a[2]);
+      split16<TA>(r[2 * h + 1], a[1], a[3]);
+#pragma unroll
+      for (int n = 0; n < NT; ++n) {
+        const float2 x = ld2(B + k0 + 8 * h + n * 8 * BN);
+        mma8(acc[0][n], a, __float_as_uint(x.x), __float_as_uint(x.y));
+      }
+    }
+  }
+}
+
+// gemm<1, NT, KD, AI, 1, 1, BN> for 16-bit operands: A's rows k-contiguous (stride AI) and B
+// given as its columns' rows, k-contiguous ((k, n) at B[n * BN + k], as keys are for Q K^T).
+// Fragments of two k-steps by ldmatrix, A's 16 x 16 block in one (lane l: row l % 16, k
+// 8 (l / 16)), two n-tiles of B in another (lane l: n (l % 8) + 8 (l / 16), k 8 ((l / 8) % 2)),
+// split into tf32 operands (exact). The same products, operands and order as gemm's.
+template <int NT, int KD, int AI, int BN, typename T>
+__device__ __forceinline__ void gemm_rows16(float (&acc)[1][NT][4], const T* A, const T* B,
+                                            int lane) {
+  static_assert(NT % 2 == 0 && KD % 16 == 0 && !is_f32<T>, "16-bit operands, n-tiles in pairs");
+  const T* pa = A + (lane & 15) * AI + 8 * (lane >> 4);
+  const T* pb = B + ((lane & 7) + 8 * (lane >> 4)) * BN + 8 * ((lane >> 3) & 1);
+#pragma unroll
+  for (int k0 = 0; k0 < KD; k0 += 16) {
+    uint32_t ra[4], rb[NT / 2][4];
+    ldsm4<false>(ra, pa + k0);
+#pragma unroll
+    for (int np = 0; np < NT / 2; ++np) ldsm4<false>(rb[np], pb + np * 16 * BN + k0);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {  // k-steps k0 and k0 + 8
+      uint32_t a[4];
+      split16<T>(ra[2 * h], a[0], a[2]);
+      split16<T>(ra[2 * h + 1], a[1], a[3]);
+#pragma unroll
+      for (int n = 0; n < NT; ++n) {  // n-tile n: register 2 (n % 2) + h of its pair's load
+        uint32_t b0, b1;
+        split16<T>(rb[n / 2][2 * (n % 2) + h], b0, b1);
+        mma8(acc[0][n], a, b0, b1);
+      }
+    }
+  }
+}
+
+// ROWS x COLS elements (16 bytes a multiple of a row) from global rows of stride sst into shared
+// rows of stride LD (elements; 16-byte aligned rows), 16 bytes per cp.async, by NT threads; rows
+// >= L are zero-filled (FULL: every row is < L). Thread tid takes the piece tid % C4 of rows
+// tid / C4, + NT / C4, ...: one source and one shared address a thread, stepped by constants, so
+// that a piece costs its copy, a compare and a 64-bit add.
+template <int ROWS, int COLS, int LD, int NT = kThreads, bool FULL = false, typename T>
+__device__ __forceinline__ void load_tile(T* dst, const T* src, long sst, int L, int tid) {
+  constexpr int E = 16 / sizeof(T), C4 = COLS / E, RS = NT / C4;
+  static_assert(COLS % E == 0 && (LD * sizeof(T)) % 16 == 0, "16-byte pieces");
+  static_assert(NT % C4 == 0, "whole rows a step");
+  const int r0 = (unsigned)tid / C4, c = ((unsigned)tid % C4) * E;
+  T* d = dst + r0 * LD + c;
+  const unsigned ds = (unsigned)__cvta_generic_to_shared(d);
+  const T* s = src + r0 * sst + c;
+  const long step = RS * sst;
+#pragma unroll
+  for (int it = 0; it < (ROWS + RS - 1) / RS; ++it) {
+    const int r = r0 + it * RS;
+    if (ROWS % RS == 0 || r < ROWS) {
+      if (FULL || r < L)
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(
+                         ds + (unsigned)(it * RS * LD * sizeof(T))), "l"(s));
+      else
+        *reinterpret_cast<float4*>(d + it * RS * LD) = make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+    s += step;
   }
 }
 
@@ -530,8 +666,12 @@ mma_prepare(const QT* __restrict__ q, const QT* __restrict__ k, const float* __r
     const int i0 = (w & 3) * 16, n0 = (w >> 2) * 32;
     float acc[1][4][4];
     zero(acc);
-    if (n0 <= i0 + 15)
-      gemm<1, 4, K, SK, 1, 1, SK, true, true>(acc, Ks + i0 * SK, Ks + n0 * SK, lane);
+    if (n0 <= i0 + 15) {
+      if constexpr (is_f32<QT>)
+        gemm<1, 4, K, SK, 1, 1, SK, true, true>(acc, Ks + i0 * SK, Ks + n0 * SK, lane);
+      else
+        gemm_rows16<4, K, SK, SK>(acc, Ks + i0 * SK, Ks + n0 * SK, lane);
+    }
 #pragma unroll
     for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
@@ -557,7 +697,10 @@ mma_prepare(const QT* __restrict__ q, const QT* __restrict__ k, const float* __r
     const int x = w - 2, i0 = x < 4 ? 16 * x : 16 * (x - 2), j0 = x < 4 ? 0 : 32;
     float pa[1][4][4];
     zero(pa);
-    gemm<1, 4, K, SK, 1, 1, SK, true, true>(pa, Qs + i0 * SK, Ks + j0 * SK, lane);
+    if constexpr (is_f32<QT>)
+      gemm<1, 4, K, SK, 1, 1, SK, true, true>(pa, Qs + i0 * SK, Ks + j0 * SK, lane);
+    else
+      gemm_rows16<4, K, SK, SK>(pa, Qs + i0 * SK, Ks + j0 * SK, lane);
 #pragma unroll
     for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
@@ -664,8 +807,8 @@ mma_pass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restric
     float* sb = sm + (n & 1) * P::floats;
     load_tile<kC, K, SKK>(reinterpret_cast<QT*>(sb + P::Kk), k + gdn::qk_index(b, t0, h, T, H, K),
                           (long)H * K, L, tid);
-    load_tile<2 * kC, kC, kPS>(sb + P::Tv, tinv + (sq.crow + n) * 2 * kC * kC, kC,
-                               2 * kC, tid);  // Tinv and PT
+    load_tile<2 * kC, kC, kPS, kThreads, true>(sb + P::Tv, tinv + (sq.crow + n) * 2 * kC * kC,
+                                               kC, 2 * kC, tid);  // Tinv and PT
     load_tile<kC, kBV, P::SVT>(reinterpret_cast<QT*>(sb + P::Vt),
                                v + gdn::v_index(b, t0, hv, T, HV, V) + c0, (long)HV * V, L, tid);
     stage_rows<kThreads>(sb + P::G, gcum, beta, nq, nk, b, hv, h, t0, L, T, H, HV, tid);
@@ -708,10 +851,17 @@ mma_pass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restric
       zero(y);
       zero(y2);
       const float* sbn = Ss + n1 * SST;
-      gemm_pair<2, K / 2, SKK, 1, 1, SST, true, false>(x, y, Kc + r1 * SKK, Qs + r1 * SQ, sbn,
-                                                       0, lane);
-      gemm_pair<2, K / 2, SKK, 1, 1, SST, true, false>(x2, y2, Kc + r1 * SKK + K / 2,
-                                                       Qs + r1 * SQ + K / 2, sbn + K / 2, 0, lane);
+      if constexpr (is_f32<QT>) {
+        gemm_pair<2, K / 2, SKK, 1, 1, SST, true, false>(x, y, Kc + r1 * SKK, Qs + r1 * SQ, sbn,
+                                                         0, lane);
+        gemm_pair<2, K / 2, SKK, 1, 1, SST, true, false>(
+            x2, y2, Kc + r1 * SKK + K / 2, Qs + r1 * SQ + K / 2, sbn + K / 2, 0, lane);
+      } else {  // 16-bit keys and queries: A fragments by ldmatrix
+        static_assert(SQ == SKK, "keys and queries share the fragments' row stride");
+        gemm_pair16<2, K / 2, SKK, SST>(x, y, Kc + r1 * SKK, Qs + r1 * SQ, sbn, lane);
+        gemm_pair16<2, K / 2, SKK, SST>(x2, y2, Kc + r1 * SKK + K / 2, Qs + r1 * SQ + K / 2,
+                                        sbn + K / 2, lane);
+      }
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf) {
         const int i = r1 + gq + 8 * hf;
@@ -747,18 +897,21 @@ mma_pass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restric
           const int c = n1 + nt * 8 + 2 * tq;
           Ud[c * SUT + i] = rtf32(d * u[0][nt][2 * hf]);
           Ud[(c + 1) * SUT + i] = rtf32(d * u[0][nt][2 * hf + 1]);
-          if (i >= L) continue;
-          const long at = gdn::v_index(b, t0 + i, hv, T, HV, V) + c0 + c;
-          const float y0 = scale * (o1[0][nt][2 * hf] + y[0][nt][2 * hf]);
-          const float y1 = scale * (o1[0][nt][2 * hf + 1] + y[0][nt][2 * hf + 1]);
-          if (odt == 1)
-            reinterpret_cast<__nv_bfloat162*>(o)[at / 2] = __floats2bfloat162_rn(y0, y1);
-          else if (odt == 2)
-            reinterpret_cast<__half2*>(o)[at / 2] = __floats2half2_rn(y0, y1);
-          else
-            *reinterpret_cast<float2*>(static_cast<float*>(o) + at) = make_float2(y0, y1);
         }
       }
+      // o: this thread's rows r1 + gq (+8), column pairs n1 + 8 nt + 2 tq
+      const long orow = gdn::v_index(b, t0 + r1 + gq, hv, T, HV, V) + c0 + n1 + 2 * tq;
+      with_out_type(o, odt, [&](auto* op) {
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+          if (r1 + gq + 8 * hf >= L) continue;
+          auto* p = op + orow + (long)(8 * hf) * HV * V;
+#pragma unroll
+          for (int nt = 0; nt < 2; ++nt)
+            put2(p + 8 * nt, scale * (o1[0][nt][2 * hf] + y[0][nt][2 * hf]),
+                 scale * (o1[0][nt][2 * hf + 1] + y[0][nt][2 * hf + 1]));
+        }
+      });
     }
     __syncthreads();  // Ud is complete
     // S <- exp(gc_last) S + K^T Ud (A(i, j) = K[j][i], raw keys rounded at the fragment load)
@@ -767,7 +920,10 @@ mma_pass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restric
     for (int nt = 0; nt < NT3; ++nt)
 #pragma unroll
       for (int r = 0; r < 4; ++r) s[0][nt][r] *= el;
-    gemm<1, NT3, kC, 1, SKK, 1, SUT, true, false>(s, Kc + r3, Ud + n3 * SUT, lane);
+    if constexpr (is_f32<QT>)
+      gemm<1, NT3, kC, 1, SKK, 1, SUT, true, false>(s, Kc + r3, Ud + n3 * SUT, lane);
+    else  // 16-bit keys: A fragments by transposing ldmatrix
+      gemm16t<NT3, kC, SKK, SUT>(s, Kc + r3, Ud + n3 * SUT, lane);
   }
 #pragma unroll
   for (int nt = 0; nt < NT3; ++nt)
@@ -836,8 +992,8 @@ mma_wpass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restri
                                k + gdn::qk_index(b, t0, h, T, H, K), (long)H * K, L, tid);
     load_tile<kC, K, SKK, NTH>(reinterpret_cast<QT*>(sb + P::Qq),
                                q + gdn::qk_index(b, t0, h, T, H, K), (long)H * K, L, tid);
-    load_tile<2 * kC, kC, kPS, NTH>(sb + P::Tv, tinv + (sq.crow + n) * 2 * kC * kC,
-                                    kC, 2 * kC, tid);  // Tinv and PT
+    load_tile<2 * kC, kC, kPS, NTH, true>(sb + P::Tv, tinv + (sq.crow + n) * 2 * kC * kC,
+                                          kC, 2 * kC, tid);  // Tinv and PT
     load_tile<kC, P::BV, SVT, NTH>(reinterpret_cast<QT*>(sb + P::Vt),
                                    v + gdn::v_index(b, t0, hv, T, HV, V) + blockIdx.y * P::BV,
                                    (long)HV * V, L, tid);
@@ -928,21 +1084,20 @@ mma_wpass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restri
       }
     };
     r_times_lower(PTv, y);
+    {  // o: this thread's positions 8 nt + 2 tq (+1), columns c0 + gq (+8)
+      const long ost = (long)HV * V, orow = gdn::v_index(b, t0 + 2 * tq, hv, T, HV, V) + c0 + gq;
+      with_out_type(o, odt, [&](auto* op) {
 #pragma unroll
-    for (int nt = 0; nt < 8; ++nt)
+        for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int i = 8 * nt + 2 * tq + e;
-        if (i >= L) continue;
-#pragma unroll
-        for (int hf = 0; hf < 2; ++hf) {
-          const long at = gdn::v_index(b, t0 + i, hv, T, HV, V) + c0 + gq + 8 * hf;
-          const float val = scale * y[nt][2 * hf + e];
-          if (odt == 1) reinterpret_cast<__nv_bfloat16*>(o)[at] = __float2bfloat16_rn(val);
-          else if (odt == 2) reinterpret_cast<__half*>(o)[at] = __float2half_rn(val);
-          else static_cast<float*>(o)[at] = val;
-        }
-      }
+          for (int e = 0; e < 2; ++e) {
+            if (8 * nt + 2 * tq + e >= L) continue;
+            auto* p = op + orow + (8 * nt + e) * ost;
+            put(p, scale * y[nt][e]);
+            put(p + 8, scale * y[nt][2 + e]);
+          }
+      });
+    }
     float u[8][4];
     zero1(u);
     r_times_lower(Tv, u);
