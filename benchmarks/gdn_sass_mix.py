@@ -5,7 +5,8 @@ their time follows the instructions they execute. This counts, per kernel, the S
 nvcc emits for it, by class (tensor-core mma, shared-memory loads, ldmatrix, conversions, exp,
 float arithmetic, ...): a change meant to cut instructions can be checked here before it is timed
 on a GPU. Counts are static (each instruction once; prepare is straight-line code but for a few
-short loops, each pass's body is its loop over chunks).
+short loops, each pass's body is its loop over chunks); ``loop`` is the kernel's largest loop,
+for a pass the code of one chunk (all branches of its o stores' element types included).
 
     python benchmarks/gdn_sass_mix.py --out benchmarks/results/gdn-sass-mix-YYYY-MM-DD.json
 
@@ -75,6 +76,40 @@ def kernel_mix(sass: str) -> dict:
     return out
 
 
+def main_loops(sass: str) -> dict:
+    """{kernel name: (instructions, mma)} of each kernel's largest loop (a backward branch's
+    range in the listing): a pass's loop over chunks, the code it runs once a chunk (inner loops
+    counted once; meaningful for the passes only)."""
+    out, name, body, labels = {}, None, [], {}
+
+    def close():
+        if name is None:
+            return
+        best = (0, 0)
+        for i, (op, rest) in enumerate(body):
+            m = re.search(r"`\(\.(L_x_\d+)\)", rest) if op == "BRA" else None
+            if m and labels.get(m.group(1), i + 1) <= i:
+                seg = body[labels[m.group(1)]:i + 1]
+                best = max(best, (len(seg), sum(o == "HMMA" for o, _ in seg)))
+        out[name] = best
+
+    for line in sass.splitlines():
+        m = re.match(r"^\.text\.(\S+):", line)
+        if m:
+            close()
+            name, body, labels = m.group(1), [], {}
+            continue
+        m = re.match(r"^\.(L_x_\d+):", line)
+        if m:
+            labels[m.group(1)] = len(body)
+            continue
+        m = INSN.match(line)
+        if m and name:
+            body.append((m.group(1).split(".")[0], line))
+    close()
+    return out
+
+
 def short(name: str) -> str:
     """mma_prepare<128, bf16>, mma_wpass<128, bf16, 4>, ... from a mangled name."""
     for m in re.finditer(r"(\d+)(mma_)", name):  # the length-prefixed function name
@@ -105,20 +140,25 @@ def main():
         subprocess.run(cmd, check=True)
         sass = subprocess.run([nvdisasm(), "-c", str(cubin)], check=True, capture_output=True,
                               text=True).stdout
-    rows = []
+    rows, loops = [], main_loops(sass)
     for name, mix in sorted(kernel_mix(sass).items(), key=lambda kv: short(kv[0])):
         total = sum(mix.values())
+        # the passes' loop over chunks (prepare and the norms run no loop of that kind)
+        loop, loop_mma = loops.get(name, (0, 0)) if "pass" in short(name) else (None, None)
         rows.append({"kernel": short(name), "total": total, "mma": mix["mma"],
                      "non_mma_per_mma": round((total - mix["mma"]) / max(mix["mma"], 1), 2),
+                     "loop": loop, "loop_mma": loop_mma,
                      "mix": dict(mix.most_common()), "mangled": name})
-        print(f"{short(name):32s} total {total:6d}  mma {mix['mma']:5d}  "
+        lp = f"loop {loop:5d} ({loop_mma} mma)" if loop is not None else " " * 20
+        print(f"{short(name):32s} total {total:6d}  mma {mix['mma']:5d}  {lp}  "
               + "  ".join(f"{k} {v}" for k, v in mix.most_common() if k != "mma"))
     if args.out:
         ver = subprocess.run([nvcc, "--version"], capture_output=True, text=True).stdout.strip().splitlines()[-1]
         out = {"benchmark": "gdn_sass_mix", "command": "python " + " ".join(sys.argv),
                "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                "nvcc": ver, "arch": sm_arch(), "source": args.source,
-               "note": "static SASS instruction counts per kernel (each instruction once)", "rows": rows}
+               "note": "static SASS instruction counts per kernel (each instruction once); loop: the "
+                       "kernel's largest loop (a pass's loop over chunks; its inner loops once)", "rows": rows}
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(out, indent=1))
 
