@@ -26,9 +26,10 @@
 // (two k-steps of a 16-row block, or of two n-tiles, a load; transposed where a product reads
 // them across rows), each 32-bit pair then split into two tf32 operands: the same operands, in
 // the same order, as the pair loads. The kernels are issue-bound (ncu), so the instructions
-// around the mma count: the stage copies step one address a thread by constants, the products
-// over a triangle's run-time depth are unrolled behind warp-uniform tests, o's element type is
-// one branch outside the store loops (benchmarks/gdn_sass_mix.py counts them).
+// around the mma count: the stage copies step one address a thread by constants, the
+// shared-memory pass's products over a triangle's run-time depth are unrolled behind
+// warp-uniform tests, o's element type is one branch outside the store loops
+// (benchmarks/gdn_sass_mix.py counts them).
 // q, k, v are read as float32 or, as the caller gave them, bf16 / fp16 (each kernel is templated
 // on that type, QT): a 16-bit value is exact in tf32, so the result is the same bit for bit as
 // with the values widened to float32 first, for half the bytes of q, k and v where they are read.
