@@ -302,6 +302,15 @@ __device__ __forceinline__ void split16(uint32_t r, uint32_t& lo, uint32_t& hi) 
   }
 }
 
+// The A fragment of k-step h (0 or 1) of an ldmatrix.x4 load of a 16 x 16 block of 16-bit values
+// (registers 2h: rows g, 2h + 1: rows g + 8, each a k pair), as tf32 operands (exact): slot t
+// holds k = 2t, slot t + 4 holds k = 2t + 1, as every fragment here.
+template <typename T>
+__device__ __forceinline__ void a_frag16(const uint32_t (&r)[4], int h, uint32_t (&a)[4]) {
+  split16<T>(r[2 * h], a[0], a[2]);
+  split16<T>(r[2 * h + 1], a[1], a[3]);
+}
+
 // gemm_pair over a depth KD (a multiple of 16) for 16-bit A operands with k contiguous (row
 // stride AI elements): each A's fragments of two k-steps by one ldmatrix (lane l gives the
 // address of row l % 16, k 8 (l / 16) of the 16 x 16 block), split into tf32 operands (exact);
@@ -320,12 +329,10 @@ __device__ __forceinline__ void gemm_pair16(float (&acc1)[1][NT][4], float (&acc
     ldsm4<false>(r1, A1 + ao + k0);
     ldsm4<false>(r2, A2 + ao + k0);
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {  // k-steps k0 and k0 + 8: registers 2h (rows g) and 2h + 1 (g + 8)
+    for (int h = 0; h < 2; ++h) {  // k-steps k0 and k0 + 8
       uint32_t a1[4], a2[4];
-      split16<TA>(r1[2 * h], a1[0], a1[2]);
-      split16<TA>(r1[2 * h + 1], a1[1], a1[3]);
-      split16<TA>(r2[2 * h], a2[0], a2[2]);
-      split16<TA>(r2[2 * h + 1], a2[1], a2[3]);
+      a_frag16<TA>(r1, h, a1);
+      a_frag16<TA>(r2, h, a2);
 #pragma unroll
       for (int n = 0; n < NT; ++n) {
         const float2 x = ld2(B + k0 + 8 * h + n * 8 * BN);
@@ -352,10 +359,9 @@ __device__ __forceinline__ void gemm16t(float (&acc)[1][NT][4], const TA* A, con
     uint32_t r[4];
     ldsm4<true>(r, A + k0 * AK);
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {  // k-steps k0 and k0 + 8: registers 2h (rows g) and 2h + 1 (g + 8)
+    for (int h = 0; h < 2; ++h) {  // k-steps k0 and k0 + 8
       uint32_t a[4];
-      split16<TA>(r[2 * h], a[0], a[2]);
-      split16<TA>(r[2 * h + 1], a[1], a[3]);
+      a_frag16<TA>(r, h, a);
 #pragma unroll
       for (int n = 0; n < NT; ++n) {
         const float2 x = ld2(B + k0 + 8 * h + n * 8 * BN);
@@ -385,8 +391,7 @@ __device__ __forceinline__ void gemm_rows16(float (&acc)[1][NT][4], const T* A, 
 #pragma unroll
     for (int h = 0; h < 2; ++h) {  // k-steps k0 and k0 + 8
       uint32_t a[4];
-      split16<T>(ra[2 * h], a[0], a[2]);
-      split16<T>(ra[2 * h + 1], a[1], a[3]);
+      a_frag16<T>(ra, h, a);
 #pragma unroll
       for (int n = 0; n < NT; ++n) {  // n-tile n: register 2 (n % 2) + h of its pair's load
         uint32_t b0, b1;
