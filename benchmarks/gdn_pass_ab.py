@@ -1,8 +1,9 @@
-"""A/B of the GDN mma prefill's two passes: the warp-resident pass and the shared-memory pass,
-each forced (WORKBENCH_GDN_MMA_PASS, read by the launcher at each call), with fla's
-chunk_gated_delta_rule alongside, over the prefill shapes of gdn_matrix.py, in one process. Times
-are CUDA-graph replays (median of triton's do_bench); "auto" is the launcher's own choice
-(auto_plan: the pass ext.mma_pass names; auto_took: the forced pass(es) auto matched bit for bit).
+"""A/B of the GDN mma prefill's passes: the warp-resident pass, the shared-memory pass and its
+16-column blocks (smem16), each forced (WORKBENCH_GDN_MMA_PASS, read by the launcher at each
+call), with fla's chunk_gated_delta_rule alongside, over the prefill shapes of gdn_matrix.py, in
+one process. Times are CUDA-graph replays (median of triton's do_bench); "auto" is the
+launcher's own choice (auto_plan: the pass ext.mma_pass names; auto_took: the forced pass(es)
+auto matched bit for bit).
 
     python benchmarks/gdn_pass_ab.py --out benchmarks/results/gdn-pass-ab-h200-YYYY-MM-DD.json
 
@@ -31,7 +32,7 @@ from gdn_matrix import PREFILL, _rel, prefill_calls  # noqa: E402
 from workbench.kernels import gdn  # noqa: E402
 from workbench.kernels.gdn import ext  # noqa: E402
 
-VARIANTS = ("warp", "smem", "auto")
+VARIANTS = ("warp", "smem", "smem16", "auto")
 
 
 def _force(env: str, label: str):
@@ -70,8 +71,8 @@ def main():
         for label in variants[1:]:
             row[f"bitwise_{label}_vs_{first}"] = all(torch.equal(a, b) for a, b in zip(outs[label], outs[first]))
         if {"warp", "smem", "auto"} <= set(variants):
-            row["auto_took"] = [v for v in ("warp", "smem")
-                                if torch.equal(outs["auto"][0], outs[v][0])
+            row["auto_took"] = [v for v in ("warp", "smem", "smem16") if v in outs
+                                and torch.equal(outs["auto"][0], outs[v][0])
                                 and torch.equal(outs["auto"][1], outs[v][1])]
             row["rel_o_warp_vs_smem"] = _rel(outs["warp"][0], outs["smem"][0])
             row["rel_state_warp_vs_smem"] = _rel(outs["warp"][1], outs["smem"][1])

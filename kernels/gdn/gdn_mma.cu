@@ -12,7 +12,8 @@
 //   1. prepare, one block per (b, hv, chunk), all in parallel: A by mma; the 16 x 16 diagonal
 //      blocks of (I + A)^-1 in float32 (gdn_mma.h); Tinv = (I + A)^-1 by blocked forward
 //      substitution with mma; P = (Q K^T) * exp(gc_i - gc_j) and PT = P Tinv by mma.
-//   2. pass, one block of 8 warps per (b, hv, 32 value columns), sequential over chunks: the
+//   2. pass, one block of 8 warps per (b, hv, 32 value columns; 16 when forced: `smem16`),
+//      sequential over chunks, or the warp-resident pass (the state of 16 columns a warp): the
 //      state tile lives in mma accumulators; per chunk R = beta (V - exp(gc) K S), U = Tinv R,
 //      o = scale (exp(gc) Q S + PT R) and S <- exp(gc_last) S + K^T (exp(gc_last - gc_j) U_j);
 //      the next chunk's inputs are copied into shared memory (cp.async) while this one computes.
@@ -215,8 +216,9 @@ __device__ __forceinline__ void gemm_to(float (&acc)[MT][NT][4], const float* A,
 // Two products sharing the B operand: acc1 += A1 B and acc2 += A2 B over depth kd (a multiple of
 // 8; KD when known at compile time, else kd), one warp, 16 rows of each A, operands already
 // exact in tf32 or rounded at the load (CA: float32 A; CB: float32 B), B's fragments loaded once.
-template <int NT, int KD, int AI, int AK, int BK, int BN, bool CA, bool CB, typename TA,
-          typename TB>
+// TWO = false: acc1 += A1 B alone (acc2 and A2 unused; gemm_one), the same products and order.
+template <int NT, int KD, int AI, int AK, int BK, int BN, bool CA, bool CB, bool TWO = true,
+          typename TA, typename TB>
 __device__ __forceinline__ void gemm_pair(float (&acc1)[1][NT][4], float (&acc2)[1][NT][4],
                                           const TA* A1, const TA* A2, const TB* B, int kd,
                                           int lane) {
@@ -230,15 +232,18 @@ __device__ __forceinline__ void gemm_pair(float (&acc1)[1][NT][4], float (&acc2)
     const TA* p1 = A1 + k0 * AK;
     const TA* p2 = A2 + k0 * AK;
     static_assert(AK == 1, "A rows with k contiguous");
-    const float2 l1 = ld2(p1), h1 = ld2(p1 + 8 * AI), l2 = ld2(p2), h2 = ld2(p2 + 8 * AI);
+    const float2 l1 = ld2(p1), h1 = ld2(p1 + 8 * AI);
     a1[0] = opnd<ca>(l1.x); a1[2] = opnd<ca>(l1.y); a1[1] = opnd<ca>(h1.x); a1[3] = opnd<ca>(h1.y);
-    a2[0] = opnd<ca>(l2.x); a2[2] = opnd<ca>(l2.y); a2[1] = opnd<ca>(h2.x); a2[3] = opnd<ca>(h2.y);
+    if constexpr (TWO) {
+      const float2 l2 = ld2(p2), h2 = ld2(p2 + 8 * AI);
+      a2[0] = opnd<ca>(l2.x); a2[2] = opnd<ca>(l2.y); a2[1] = opnd<ca>(h2.x); a2[3] = opnd<ca>(h2.y);
+    }
 #pragma unroll
     for (int n = 0; n < NT; ++n) {
       uint32_t b0, b1;
       b_frag<BK, cb>(B + k0 * BK + n * 8 * BN, b0, b1);
       mma8(acc1[0][n], a1, b0, b1);
-      mma8(acc2[0][n], a2, b0, b1);
+      if constexpr (TWO) mma8(acc2[0][n], a2, b0, b1);
     }
   };
   if constexpr (KD > 0) {
@@ -249,6 +254,14 @@ __device__ __forceinline__ void gemm_pair(float (&acc1)[1][NT][4], float (&acc2)
     for (int k0 = 0; k0 < kC; k0 += 8)
       if (k0 < kd) step(k0);
   }
+}
+
+// acc += A B alone: gemm_pair's single product (the same operands, products and order).
+template <int NT, int KD, int AI, int AK, int BK, int BN, bool CA, bool CB, typename TA,
+          typename TB>
+__device__ __forceinline__ void gemm_one(float (&acc)[1][NT][4], const TA* A, const TB* B, int kd,
+                                         int lane) {
+  gemm_pair<NT, KD, AI, AK, BK, BN, CA, CB, false>(acc, acc, A, A, B, kd, lane);
 }
 
 template <int N>
@@ -316,7 +329,8 @@ __device__ __forceinline__ void a_frag16(const uint32_t (&r)[4], int h, uint32_t
 // address of row l % 16, k 8 (l / 16) of the 16 x 16 block), split into tf32 operands (exact);
 // B float32 in shared memory as in gemm_pair (BK = 1: pairs; operands already exact in tf32).
 // The same products, operands and order as gemm_pair's.
-template <int NT, int KD, int AI, int BN, typename TA>
+// TWO = false: acc1 += A1 B alone (gemm_one16).
+template <int NT, int KD, int AI, int BN, bool TWO = true, typename TA>
 __device__ __forceinline__ void gemm_pair16(float (&acc1)[1][NT][4], float (&acc2)[1][NT][4],
                                             const TA* A1, const TA* A2, const float* B,
                                             int lane) {
@@ -327,20 +341,25 @@ __device__ __forceinline__ void gemm_pair16(float (&acc1)[1][NT][4], float (&acc
   for (int k0 = 0; k0 < KD; k0 += 16) {
     uint32_t r1[4], r2[4];
     ldsm4<false>(r1, A1 + ao + k0);
-    ldsm4<false>(r2, A2 + ao + k0);
+    if constexpr (TWO) ldsm4<false>(r2, A2 + ao + k0);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {  // k-steps k0 and k0 + 8
       uint32_t a1[4], a2[4];
       a_frag16<TA>(r1, h, a1);
-      a_frag16<TA>(r2, h, a2);
+      if constexpr (TWO) a_frag16<TA>(r2, h, a2);
 #pragma unroll
       for (int n = 0; n < NT; ++n) {
         const float2 x = ld2(B + k0 + 8 * h + n * 8 * BN);
         mma8(acc1[0][n], a1, __float_as_uint(x.x), __float_as_uint(x.y));
-        mma8(acc2[0][n], a2, __float_as_uint(x.x), __float_as_uint(x.y));
+        if constexpr (TWO) mma8(acc2[0][n], a2, __float_as_uint(x.x), __float_as_uint(x.y));
       }
     }
   }
+}
+template <int NT, int KD, int AI, int BN, typename TA>
+__device__ __forceinline__ void gemm_one16(float (&acc)[1][NT][4], const TA* A, const float* B,
+                                           int lane) {
+  gemm_pair16<NT, KD, AI, BN, false>(acc, acc, A, A, B, lane);
 }
 
 // gemm<1, NT, KD, 1, AK, ...> for a 16-bit A stored transposed (A(i, k) at A[k * AK + i], i
@@ -735,16 +754,18 @@ mma_prepare(const QT* __restrict__ q, const QT* __restrict__ k, const float* __r
 
 // ------------------------------------------------------------------------------- the pass
 
-constexpr int kBV = 32;  // value columns per block of the pass
-constexpr int kSR = kBV + 4;  // row stride of the C x BV tiles R and U (4 mod 16: B operands)
+// Value columns a block of the shared-memory pass: 32 (its launch by default) or 16 (twice the
+// blocks, each chunk's products over the 8 warps in half the steps a warp; `smem16`).
+template <int BV>
+constexpr bool pass_bv_ok = BV == 32 || BV == 16;
 
 // One stage of the pass (two, alternating): a chunk's keys (QT, as given), Tinv and PT (tf32,
-// from prepare), the block's value columns (QT), decays, beta and L2-norm factors. Offsets in
+// from prepare), the block's BV value columns (QT), decays, beta and L2-norm factors. Offsets in
 // floats. float32 inputs take narrower strides (bank conflicts on some loads) so that two stages
 // fit in shared memory.
-template <int K, typename QT>
+template <int K, typename QT, int BV>
 struct PassStage {
-  static constexpr int SKK = is_f32<QT> ? K + 4 : K + 8, SVT = is_f32<QT> ? kBV + 4 : kBV + 8;
+  static constexpr int SKK = is_f32<QT> ? K + 4 : K + 8, SVT = is_f32<QT> ? BV + 4 : BV + 8;
   static constexpr int Kk = 0, Tv = Kk + kC * SKK * (int)sizeof(QT) / 4, PTv = Tv + kC * kPS,
                        Vt = PTv + kC * kPS, G = Vt + kC * SVT * (int)sizeof(QT) / 4, BT = G + kC,
                        NQ = BT + kC, NK = NQ + kC, floats = NK + kC;
@@ -752,17 +773,18 @@ struct PassStage {
 };
 
 // The stages, then the chunk's queries (one buffer: the next chunk's are copied once this one's
-// are used), the rounded state and the block's intermediates. Offsets in floats.
-template <int K, typename QT>
+// are used), the rounded state and the block's intermediates. Offsets in floats. SR: the row
+// stride of the C x BV tiles R and U (4 mod 16: B operands).
+template <int K, typename QT, int BV>
 struct PassSmem {
-  using P = PassStage<K, QT>;
+  using P = PassStage<K, QT, BV>;
   static constexpr int SQ = is_f32<QT> ? K + 4 : K + 8, SST = is_f32<QT> ? K + 4 : K + 8,
-                       SUT = kC + 8;
+                       SUT = kC + 8, SR = BV + 4;
   static constexpr int Qs = 2 * P::floats, Ss = Qs + kC * SQ * (int)sizeof(QT) / 4,
-                       Ud = Ss + kBV * SST, Rs = Ud + kBV * SUT, floats = Rs + kC * kSR;
+                       Ud = Ss + BV * SST, Rs = Ud + BV * SUT, floats = Rs + kC * SR;
 };
 
-// The chunk recurrence after prepare, one block of 8 warps per (b, hv, 32 value columns),
+// The chunk recurrence after prepare, one block of 8 warps per (b, hv, BV value columns),
 // sequential over chunks, the state tile in mma accumulators. Per chunk, from the state S before
 // it (rounded to tf32, in shared memory):
 //   R = beta (V - exp(gc) K S)            (the delta rule's residuals; rounded to tf32)
@@ -770,21 +792,31 @@ struct PassSmem {
 //   o = scale (exp(gc) Q S + PT R)        (PT R = P U)
 //   S <- exp(gc_last) S + K^T (exp(gc_last - gc_j) U_j)
 // with the L2-norm factors of q and k folded into the products (exp(gc) nk K S, nq Q S, the keys
-// of the update; P has them from prepare). Warp w owns rows 16 (w % 4).. and columns 16 (w / 4)..
-// of R, U and o (K S and Q S share the fragments of S, Tinv R and PT R those of R), and the state
-// rows of the update (K = 128: rows 16 w.., all 32 columns; K = 64: rows 16 (w % 4).., columns
-// 16 (w / 4)..). Three block barriers a chunk; the next chunk's inputs are copied (cp.async) while
-// this one computes.
-template <int K, typename QT>
+// of the update; P has them from prepare). K S and Q S are each two chains over K / 2 (summed
+// first half + second half), Tinv R and PT R one chain over the triangle's depth.
+// BV = 32: warp w owns rows 16 (w % 4).. and columns 16 (w / 4).. of R, U and o and forms both
+// K S and Q S there (sharing S's fragments), both Tinv R and PT R (sharing R's).
+// BV = 16: warps 0-3 own rows 16 w.. of R and U (K S, then Tinv R) and warps 4-7 rows
+// 16 (w - 4).. of o (Q S, then PT R), all 16 columns: each warp half the products of the
+// 32-column block's, every element's products, operands and order the same (a column's results
+// are bit for bit those of the 32-column pass).
+// The state rows of the update, 8 warps over K x BV: K = 128: rows 16 w.., all BV columns;
+// K = 64: rows 16 (w % 4).., columns (BV / 2) (w / 4)... Three block barriers a chunk; the next
+// chunk's inputs are copied (cp.async) while this one computes.
+template <int K, typename QT, int BV>
 __global__ void __launch_bounds__(kThreads, 1)
 mma_pass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restrict__ v,
          const float* __restrict__ beta, const float* __restrict__ nq,
          const float* __restrict__ nk, const float* __restrict__ gcum,
          const float* __restrict__ tinv, float* __restrict__ state, void* __restrict__ o, int T,
          int H, int HV, int V, float scale, int odt, int NC, const Packed pk) {
-  using P = PassStage<K, QT>;
-  using M = PassSmem<K, QT>;
-  constexpr int SKK = P::SKK, SQ = M::SQ, SST = M::SST, SUT = M::SUT, NT3 = K == 128 ? 4 : 2;
+  static_assert(pass_bv_ok<BV>, "32 or 16 value columns a block");
+  using P = PassStage<K, QT, BV>;
+  using M = PassSmem<K, QT, BV>;
+  constexpr bool kHalf = BV == 16;  // K S / Tinv R and Q S / PT R on separate warps
+  constexpr int SKK = P::SKK, SQ = M::SQ, SST = M::SST, SUT = M::SUT, SR = M::SR;
+  constexpr int NT3 = (K == 128 ? BV : BV / 2) / 8;  // the update's n-tiles a warp
+  static_assert(SQ == SKK, "keys and queries share the fragments' row stride");
   extern __shared__ float4 smem4[];
   float* sm = reinterpret_cast<float*>(smem4);
   float* Ss = sm + M::Ss;  // [BV][SST]  tf32(state tile), transposed: the B operand of K S, Q S
@@ -792,11 +824,12 @@ mma_pass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restric
   float* Rs = sm + M::Rs;  // [C][SR]    tf32(R)
   QT* Qs = reinterpret_cast<QT*>(sm + M::Qs);  // [C][SQ]  the chunk's queries as given
   const SeqAt sq = pass_seq(pk, blockIdx.x, HV, T, NC);
-  const int b = sq.b, hv = blockIdx.x % HV, h = hv / (HV / H), c0 = blockIdx.y * kBV;
+  const int b = sq.b, hv = blockIdx.x % HV, h = hv / (HV / H), c0 = blockIdx.y * BV;
   const int tend = sq.first + sq.len;
   const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, gq = lane >> 2, tq = lane & 3;
-  const int r3 = K == 128 ? 16 * w : 16 * (w & 3), n3 = K == 128 ? 0 : 16 * (w >> 2);
-  const int r1 = 16 * (w & 3), n1 = 16 * (w >> 2);
+  const int r3 = K == 128 ? 16 * w : 16 * (w & 3), n3 = K == 128 ? 0 : (BV / 2) * (w >> 2);
+  const int r1 = 16 * (w & 3), n1 = kHalf ? 0 : 16 * (w >> 2);
+  const bool qrole = kHalf && w >= 4;  // BV = 16: this warp forms Q S and PT R (warp-uniform)
   float* st = state + gdn::state_index(sq.sb, hv, HV, K, V) + c0;
   float s[1][NT3][4];  // rows r3 + gq (+8), columns n3 + 8nt + 2tq (+1)
 #pragma unroll
@@ -815,8 +848,8 @@ mma_pass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restric
                           (long)H * K, L, tid);
     load_tile<2 * kC, kC, kPS, kThreads, true>(sb + P::Tv, tinv + (sq.crow + n) * 2 * kC * kC,
                                                kC, 2 * kC, tid);  // Tinv and PT
-    load_tile<kC, kBV, P::SVT>(reinterpret_cast<QT*>(sb + P::Vt),
-                               v + gdn::v_index(b, t0, hv, T, HV, V) + c0, (long)HV * V, L, tid);
+    load_tile<kC, BV, P::SVT>(reinterpret_cast<QT*>(sb + P::Vt),
+                              v + gdn::v_index(b, t0, hv, T, HV, V) + c0, (long)HV * V, L, tid);
     stage_rows<kThreads>(sb + P::G, gcum, beta, nq, nk, b, hv, h, t0, L, T, H, HV, tid);
     cp_commit();
   };
@@ -849,21 +882,20 @@ mma_pass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restric
     const float *gc = sb + P::G, *bt = sb + P::BT, *nqv = sb + P::NQ, *nkv = sb + P::NK;
     const float gl = gc[L - 1];
     float o1[1][2][4];  // exp(gc_i) nq_i (Q S)_i, the inter-chunk part of o
-    {
+    const float* sbn = Ss + n1 * SST;
+    if constexpr (!kHalf) {
       // K S and Q S, each as two independent chains over K / 2, sharing S's fragments
       float x[1][2][4], x2[1][2][4], y[1][2][4], y2[1][2][4];
       zero(x);
       zero(x2);
       zero(y);
       zero(y2);
-      const float* sbn = Ss + n1 * SST;
       if constexpr (is_f32<QT>) {
         gemm_pair<2, K / 2, SKK, 1, 1, SST, true, false>(x, y, Kc + r1 * SKK, Qs + r1 * SQ, sbn,
                                                          0, lane);
         gemm_pair<2, K / 2, SKK, 1, 1, SST, true, false>(
             x2, y2, Kc + r1 * SKK + K / 2, Qs + r1 * SQ + K / 2, sbn + K / 2, 0, lane);
       } else {  // 16-bit keys and queries: A fragments by ldmatrix
-        static_assert(SQ == SKK, "keys and queries share the fragments' row stride");
         gemm_pair16<2, K / 2, SKK, SST>(x, y, Kc + r1 * SKK, Qs + r1 * SQ, sbn, lane);
         gemm_pair16<2, K / 2, SKK, SST>(x2, y2, Kc + r1 * SKK + K / 2, Qs + r1 * SQ + K / 2,
                                         sbn + K / 2, lane);
@@ -878,46 +910,92 @@ mma_pass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restric
           const float2 vv = ld2(Vc + i * P::SVT + c);
           const float k0 = x[0][nt][2 * hf] + x2[0][nt][2 * hf];
           const float k1 = x[0][nt][2 * hf + 1] + x2[0][nt][2 * hf + 1];
-          *reinterpret_cast<float2*>(Rs + i * kSR + c) =
+          *reinterpret_cast<float2*>(Rs + i * SR + c) =
               make_float2(rtf32(bi * (vv.x - ek * k0)), rtf32(bi * (vv.y - ek * k1)));
           o1[0][nt][2 * hf] = eq * (y[0][nt][2 * hf] + y2[0][nt][2 * hf]);
           o1[0][nt][2 * hf + 1] = eq * (y[0][nt][2 * hf + 1] + y2[0][nt][2 * hf + 1]);
         }
       }
-    }
-    __syncthreads();  // R is complete; every warp is done with the queries
-    if (n + 1 < sq.nc) issue_q(n + 1);
-    {  // U = Tinv R and PT R (both lower triangular: depth r1 + 16), sharing R's fragments
-      float u[1][2][4], y[1][2][4];
-      zero(u);
-      zero(y);
-      gemm_pair<2, 0, kPS, 1, kSR, 1, false, false>(u, y, sb + P::Tv + r1 * kPS,
-                                                    sb + P::PTv + r1 * kPS, Rs + n1, r1 + 16,
-                                                    lane);
+    } else {
+      // K S (warps 0-3) or Q S (warps 4-7), two chains over K / 2 as above
+      float x[1][2][4], x2[1][2][4];
+      zero(x);
+      zero(x2);
+      const QT* A = qrole ? Qs + r1 * SQ : Kc + r1 * SKK;
+      if constexpr (is_f32<QT>) {
+        gemm_one<2, K / 2, SKK, 1, 1, SST, true, false>(x, A, sbn, 0, lane);
+        gemm_one<2, K / 2, SKK, 1, 1, SST, true, false>(x2, A + K / 2, sbn + K / 2, 0, lane);
+      } else {
+        gemm_one16<2, K / 2, SKK, SST>(x, A, sbn, lane);
+        gemm_one16<2, K / 2, SKK, SST>(x2, A + K / 2, sbn + K / 2, lane);
+      }
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf) {
         const int i = r1 + gq + 8 * hf;
-        const float d = i < L ? expf(gl - gc[i]) * nkv[i] : 0.f;
+        const float eg = expf(gc[i]);
+        if (!qrole) {
+          const float ek = eg * nkv[i], bi = bt[i];
 #pragma unroll
-        for (int nt = 0; nt < 2; ++nt) {
-          const int c = n1 + nt * 8 + 2 * tq;
-          Ud[c * SUT + i] = rtf32(d * u[0][nt][2 * hf]);
-          Ud[(c + 1) * SUT + i] = rtf32(d * u[0][nt][2 * hf + 1]);
+          for (int nt = 0; nt < 2; ++nt) {
+            const int c = nt * 8 + 2 * tq;
+            const float2 vv = ld2(Vc + i * P::SVT + c);
+            const float k0 = x[0][nt][2 * hf] + x2[0][nt][2 * hf];
+            const float k1 = x[0][nt][2 * hf + 1] + x2[0][nt][2 * hf + 1];
+            *reinterpret_cast<float2*>(Rs + i * SR + c) =
+                make_float2(rtf32(bi * (vv.x - ek * k0)), rtf32(bi * (vv.y - ek * k1)));
+          }
+        } else {
+          const float eq = eg * nqv[i];
+#pragma unroll
+          for (int nt = 0; nt < 2; ++nt) {
+            o1[0][nt][2 * hf] = eq * (x[0][nt][2 * hf] + x2[0][nt][2 * hf]);
+            o1[0][nt][2 * hf + 1] = eq * (x[0][nt][2 * hf + 1] + x2[0][nt][2 * hf + 1]);
+          }
         }
       }
-      // o: this thread's rows r1 + gq (+8), column pairs n1 + 8 nt + 2 tq
-      const long orow = gdn::v_index(b, t0 + r1 + gq, hv, T, HV, V) + c0 + n1 + 2 * tq;
-      with_out_type(o, odt, [&](auto* op) {
+    }
+    __syncthreads();  // R is complete; every warp is done with the queries
+    if (n + 1 < sq.nc) issue_q(n + 1);
+    {  // U = Tinv R and PT R (both lower triangular: depth r1 + 16)
+      float u[1][2][4], y[1][2][4];
+      zero(u);
+      zero(y);
+      if constexpr (!kHalf)  // sharing R's fragments
+        gemm_pair<2, 0, kPS, 1, SR, 1, false, false>(u, y, sb + P::Tv + r1 * kPS,
+                                                     sb + P::PTv + r1 * kPS, Rs + n1, r1 + 16,
+                                                     lane);
+      else if (!qrole)
+        gemm_one<2, 0, kPS, 1, SR, 1, false, false>(u, sb + P::Tv + r1 * kPS, Rs, r1 + 16, lane);
+      else
+        gemm_one<2, 0, kPS, 1, SR, 1, false, false>(y, sb + P::PTv + r1 * kPS, Rs, r1 + 16, lane);
+      if (!qrole) {
 #pragma unroll
         for (int hf = 0; hf < 2; ++hf) {
-          if (r1 + gq + 8 * hf >= L) continue;
-          auto* p = op + orow + (long)(8 * hf) * HV * V;
+          const int i = r1 + gq + 8 * hf;
+          const float d = i < L ? expf(gl - gc[i]) * nkv[i] : 0.f;
 #pragma unroll
-          for (int nt = 0; nt < 2; ++nt)
-            put2(p + 8 * nt, scale * (o1[0][nt][2 * hf] + y[0][nt][2 * hf]),
-                 scale * (o1[0][nt][2 * hf + 1] + y[0][nt][2 * hf + 1]));
+          for (int nt = 0; nt < 2; ++nt) {
+            const int c = n1 + nt * 8 + 2 * tq;
+            Ud[c * SUT + i] = rtf32(d * u[0][nt][2 * hf]);
+            Ud[(c + 1) * SUT + i] = rtf32(d * u[0][nt][2 * hf + 1]);
+          }
         }
-      });
+      }
+      if (!kHalf || qrole) {
+        // o: this thread's rows r1 + gq (+8), column pairs n1 + 8 nt + 2 tq
+        const long orow = gdn::v_index(b, t0 + r1 + gq, hv, T, HV, V) + c0 + n1 + 2 * tq;
+        with_out_type(o, odt, [&](auto* op) {
+#pragma unroll
+          for (int hf = 0; hf < 2; ++hf) {
+            if (r1 + gq + 8 * hf >= L) continue;
+            auto* p = op + orow + (long)(8 * hf) * HV * V;
+#pragma unroll
+            for (int nt = 0; nt < 2; ++nt)
+              put2(p + 8 * nt, scale * (o1[0][nt][2 * hf] + y[0][nt][2 * hf]),
+                   scale * (o1[0][nt][2 * hf + 1] + y[0][nt][2 * hf + 1]));
+          }
+        });
+      }
     }
     __syncthreads();  // Ud is complete
     // S <- exp(gc_last) S + K^T Ud (A(i, j) = K[j][i], raw keys rounded at the fragment load)
@@ -1191,12 +1269,15 @@ int sm_count() {
 // Its block: 16 value columns a warp, 2, 4 or 8 warps (V allowing; float32 q, k, v: 2, for
 // shared memory); the fewest waves of blocks over the SMs, then the fewest warps a block (more
 // SMs at work, each warp its own scheduler). The arithmetic of a warp does not depend on it.
-// WORKBENCH_GDN_MMA_PASS=warp|smem forces a pass (tests, benchmarks); anything else: the rule.
+// WORKBENCH_GDN_MMA_PASS=warp|smem forces a pass (tests, benchmarks), =smem16 the shared-memory
+// pass at 16 value columns a block (1; not yet in the rule: to be measured against the 32-column
+// blocks on a GPU); anything else: the rule.
 int pass_plan(int BH, int V, bool f32, int sms) {
   bool warp = 2L * BH * (V / 16) >= 5L * sms;
   if (const char* e = getenv("WORKBENCH_GDN_MMA_PASS")) {
     if (!strcmp(e, "warp")) warp = true;
     if (!strcmp(e, "smem")) warp = false;
+    if (!strcmp(e, "smem16")) return 1;
   }
   if (!warp) return 0;
   int best = 2;
@@ -1227,6 +1308,20 @@ cudaError_t launch_wpass(const GdnArgs* a, float* state, int seqs, int NC, const
   }
 }
 
+template <int K, typename QT, int BV>
+cudaError_t launch_pass(const GdnArgs* a, float* state, int seqs, int NC, const Packed& pk,
+                        cudaStream_t s) {
+  constexpr size_t bytes = sizeof(float) * PassSmem<K, QT, BV>::floats;
+  static_assert(bytes <= 227 * 1024, "the shared-memory pass's shared memory");
+  cudaError_t err = allow_smem(mma_pass<K, QT, BV>, bytes);
+  if (err != cudaSuccess) return err;
+  mma_pass<K, QT, BV><<<dim3(seqs * a->HV, a->V / BV), kThreads, bytes, s>>>(
+      static_cast<const QT*>(a->q), static_cast<const QT*>(a->k), static_cast<const QT*>(a->v),
+      a->beta, a->nq, a->nk, a->gcum, a->tinv, state, a->o, a->T, a->H, a->HV, a->V, a->scale,
+      a->o_dtype, NC, pk);
+  return cudaSuccess;
+}
+
 // prepare and the pass over seqs sequences of NC chunks at most: a plain batch (pk.n = 0, seqs =
 // B) or one launch's group of a packed batch (seqs = pk.n, NC = pk.nc; state: the group's first).
 template <int K, typename QT>
@@ -1236,24 +1331,17 @@ cudaError_t launch_chunks(const GdnArgs* a, float* state, int seqs, int NC, cons
            *v = static_cast<const QT*>(a->v);
   constexpr int kMaxSmem = 227 * 1024;  // an sm_90 block's opt-in shared memory
   static_assert(sizeof(float) * PrepSmem<K, QT>::floats <= kMaxSmem, "prepare's shared memory");
-  static_assert(sizeof(float) * PassSmem<K, QT>::floats <= kMaxSmem, "the pass's shared memory");
-  const size_t s1 = sizeof(float) * PrepSmem<K, QT>::floats,
-               s2 = sizeof(float) * PassSmem<K, QT>::floats;
+  const size_t s1 = sizeof(float) * PrepSmem<K, QT>::floats;
   const int HV = a->HV, V = a->V;
   cudaError_t err;
   if ((err = allow_smem(mma_prepare<K, QT>, s1)) != cudaSuccess) return err;
-  if ((err = allow_smem(mma_pass<K, QT>, s2)) != cudaSuccess) return err;
   // prepare: a block per chunk and head (packed: the launch's NC = pk.nc chunks, all sequences)
   const int chunks = pk.n ? NC : seqs * NC;
   mma_prepare<K, QT><<<chunks * HV, kThreads, s1, s>>>(q, k, a->g, a->beta, a->nq, a->nk,
                                                           a->gcum, a->tinv, a->T, a->H, HV, NC, pk);
   const int nw = pass_plan(seqs * HV, V, is_f32<QT>, sm_count());
-  if (nw == 0) {
-    mma_pass<K, QT><<<dim3(seqs * HV, V / kBV), kThreads, s2, s>>>(
-        q, k, v, a->beta, a->nq, a->nk, a->gcum, a->tinv, state, a->o, a->T, a->H, HV, V,
-        a->scale, a->o_dtype, NC, pk);
-    return cudaSuccess;
-  }
+  if (nw == 0) return launch_pass<K, QT, 32>(a, state, seqs, NC, pk, s);
+  if (nw == 1) return launch_pass<K, QT, 16>(a, state, seqs, NC, pk, s);
   return nw == 8   ? launch_wpass<K, QT, 8>(a, state, seqs, NC, pk, s)
          : nw == 4 ? launch_wpass<K, QT, 4>(a, state, seqs, NC, pk, s)
                    : launch_wpass<K, QT, 2>(a, state, seqs, NC, pk, s);
@@ -1330,7 +1418,8 @@ extern "C" {
 int gdn_chunked_mma_supported(int K, int V) { return gdn_chunked_mma_supported_impl(K, V) ? 1 : 0; }
 
 // The pass the mma path takes for B * HV = BH and V on a GPU of sms SMs (f32: float32 q, k, v):
-// 0 for the shared-memory pass, else the warp-resident pass's warps a block (2, 4 or 8); honours
+// 0 for the shared-memory pass, 1 for its 16-column blocks (forced only), else the warp-resident
+// pass's warps a block (2, 4 or 8); honours
 // WORKBENCH_GDN_MMA_PASS as the launcher does. Host code only: callable without a GPU. A packed
 // batch's launch has BH = HV times its sequences (up to 128 a launch, empty ones included).
 int gdn_mma_pass_plan(int BH, int V, int f32, int sms) {

@@ -61,9 +61,9 @@ def test_cuda_mma_kernels_keep_registers(tmp_path):
     seen = {name for name, _ in reports if re.search(r"mma_(wpass|pass|prepare)ILi(64|128)E", name)}
     kinds = {kind: [n for n in seen if re.search(rf"mma_{kind}I", n)]
              for kind in ("prepare", "pass", "wpass")}
-    # prepare and the shared-memory pass: K 64/128 x fp32/bf16/fp16; the warp-resident pass:
-    # 16-bit inputs at 2, 4 and 8 warps a block, fp32 at 2
-    assert [len(v) for v in kinds.values()] == [6, 6, 14], sorted(seen)
+    # prepare: K 64/128 x fp32/bf16/fp16; the shared-memory pass: the same at 32 and 16 value
+    # columns a block; the warp-resident pass: 16-bit inputs at 2, 4 and 8 warps a block, fp32 at 2
+    assert [len(v) for v in kinds.values()] == [6, 12, 14], sorted(seen)
     spills = [(name, n) for name, n in reports if name in seen and int(n)]
     assert not spills, spills
 
@@ -131,6 +131,8 @@ def test_mma_pass_plan(monkeypatch):
     assert ext.mma_pass(1, 4, 128, bf16, sms=132) == "warp2"
     monkeypatch.setenv("WORKBENCH_GDN_MMA_PASS", "smem")
     assert ext.mma_pass(8, 32, 128, bf16, sms=132) == "smem"
+    monkeypatch.setenv("WORKBENCH_GDN_MMA_PASS", "smem16")  # forced only, any grid or dtype
+    assert ext.mma_pass(8, 32, 128, bf16, sms=132) == "smem16" == ext.mma_pass(1, 32, 64, f32, sms=132)
     monkeypatch.setenv("WORKBENCH_GDN_MMA_PASS", "bogus")  # anything else: the rule
     assert ext.mma_pass(8, 32, 128, bf16, sms=132) == "warp8"
 
@@ -235,8 +237,9 @@ MMA_CASES = [
 ]
 
 
-# the mma path's two passes (the launcher picks one by the grid; forced here, each on every case)
-PASSES = ["warp", "smem"]
+# the mma path's passes (the launcher picks one by the grid; forced here, each on every case):
+# the warp-resident pass, the shared-memory pass and its 16-column blocks (forced only)
+PASSES = ["warp", "smem", "smem16"]
 
 
 @pytest.mark.gpu
@@ -357,6 +360,25 @@ def test_cuda_mma_pass_choice(monkeypatch):
         assert noted["auto"].startswith(f"mma/{want}") and noted["smem"] == "mma/smem"
         assert workbench.compare(out["smem"][1], out["warp"][1]).rel_l2 <= 1e-5
         assert workbench.compare(out["smem"][0].float(), out["warp"][0].float()).rel_l2 <= 1e-3
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+@pytest.mark.parametrize("K,V", [(128, 128), (64, 64), (128, 96), (64, 32)])
+def test_cuda_mma_smem16_is_smem_bit_for_bit(K, V, dtype, monkeypatch):
+    """The shared-memory pass at 16 value columns a block splits each chunk's products over its
+    warps differently but keeps every element's products, operands and order: o and the final
+    state bit for bit those of the 32-column blocks (odd length, carried state, in-kernel norm)."""
+    monkeypatch.setenv("WORKBENCH_GDN_CUDA_PATH", "mma")
+    x = make_inputs(2, 150, 2, 4, K, V, dtype=dtype, state=True, seed=23, device="cuda")
+    out = {}
+    for p in ("smem", "smem16"):
+        monkeypatch.setenv("WORKBENCH_GDN_MMA_PASS", p)
+        with kernel_log() as log:
+            out[p] = gdn.chunked(**x, qk_l2norm=True, backend="ext")
+        assert log.summary()[0]["path"] == f"mma/{p}"
+    assert torch.isfinite(out["smem16"][0].float()).all()
+    assert torch.equal(out["smem"][0], out["smem16"][0]) and torch.equal(out["smem"][1], out["smem16"][1])
 
 
 @pytest.mark.gpu
