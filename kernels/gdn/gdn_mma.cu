@@ -43,7 +43,11 @@
 // chunk and head over all the launch's sequences, each chunked from its own first token, and the
 // pass a block per sequence, head and column group, with the sequence's own state; a sequence's
 // arithmetic is that of the sequence alone on the same pass.
-// Workspace (float32): gcum [B,HV,T], Tinv and PT [B,HV,NC,2,64,64] (GdnArgs.tinv). o is written
+// Workspace (float32, GdnArgs.tinv): [B,HV,NC,kChunkWs], each chunk's Tinv and PT (64 x 64 each)
+// and the passes' per-position factors (exp(gc) nk, exp(gc) nq, beta, exp(gc_last - gc) nk,
+// exp(gc_last)), which prepare forms once with the expressions the passes used to form them (from
+// the same float32 values: the same bits) so that a pass stages them with Tinv and PT instead of
+// the decays, beta and norms with 4-byte copies and three exponentials a position. o is written
 // in float32, bf16 or fp16 (rounded to nearest even from the float32 result).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -63,6 +67,10 @@ namespace {
 constexpr int kC = 64;         // chunk length
 constexpr int kPS = kC + 8;    // row stride of the C x C tiles (A, X, P)
 constexpr int kThreads = 256;  // every kernel: 8 warps
+// A chunk's workspace from prepare (floats): Tinv and PT (64 x 64 each, tf32), then the passes'
+// per-position factors, kC each (kFac): exp(gc_i) nk_i, exp(gc_i) nq_i, beta_i,
+// exp(gc_last - gc_i) nk_i (0 past the chunk's end) and exp(gc_last) (element 0 of the fifth row).
+constexpr int kFacRows = 5, kFac = 2 * kC * kC, kChunkWs = kFac + kFacRows * kC;
 
 __device__ __forceinline__ uint32_t tf32_bits(float x) {
   uint32_t r;
@@ -531,35 +539,6 @@ mma_l2_norms(const QT* __restrict__ q, const QT* __restrict__ k, float* __restri
   }
 }
 
-// A chunk's per-row values into a pass's stage, by NT threads (4-byte copies: per-row values need
-// not be 16-byte aligned): at d the decays gc (from gcum), beta and the L2-norm factors of the
-// queries and keys (1 where there is none), kC each in this order; rows >= L: 0, 0, 1, 1.
-template <int NT>
-__device__ __forceinline__ void stage_rows(float* d0, const float* __restrict__ gcum,
-                                           const float* __restrict__ beta,
-                                           const float* __restrict__ nq,
-                                           const float* __restrict__ nk, int b, int hv, int h,
-                                           int t0, int L, int T, int H, int HV, int tid) {
-  auto row = [&](int idx) {
-    const int i = idx % kC, part = idx / kC;
-    float* d = d0 + part * kC + i;
-    if (i < L) {
-      if (part == 0) cp4(d, gcum + gdn::ws_row(b, hv, t0 + i, HV, T));
-      else if (part == 1) cp4(d, beta + gdn::gate_index(b, t0 + i, hv, T, HV));
-      else if (const float* nn = part == 2 ? nq : nk) cp4(d, nn + qk_row(b, t0 + i, h, T, H));
-      else *d = 1.f;
-    } else {
-      *d = part < 2 ? 0.f : 1.f;
-    }
-  };
-  if constexpr (NT == 4 * kC) {  // one value per thread
-    row(tid);
-  } else {
-#pragma unroll
-    for (int idx = tid; idx < 4 * kC; idx += NT) row(idx);
-  }
-}
-
 // ------------------------------------------------------------------------------------ prepare
 
 // One warp, 32 columns of R (row stride LDR; the tf32 right-hand sides, replaced in place by the
@@ -613,9 +592,10 @@ struct PrepSmem {
                        nk = nq + kC, floats = nk + kC;
 };
 
-// Per (b, hv, chunk), all chunks in parallel: the cumulative decays gc (to gcum), Tinv =
-// (I + A)^-1 and PT = P Tinv (to tinv: [64][64] each per chunk, Tinv then PT, rounded to tf32;
-// both lower triangular, Tinv with a unit diagonal and identity rows past the chunk's end), with
+// Per (b, hv, chunk), all chunks in parallel: the cumulative decays gc, Tinv = (I + A)^-1 and
+// PT = P Tinv (to tinv: kChunkWs floats per chunk, Tinv then PT, [64][64] each, rounded to tf32;
+// both lower triangular, Tinv with a unit diagonal and identity rows past the chunk's end; then
+// the passes' per-position factors from gc, beta and the L2-norm factors, kFac), with
 // P = (Q K^T) * exp(gc_i - gc_j) (lower, with the diagonal; rounded to tf32). A and P by mma from
 // the raw keys and queries (rounded at the fragment loads), scaled after by the L2-norm factors;
 // the 16 x 16 diagonal blocks of (I + A)^-1 in float32 (warps 0-1, gdn_mma.h); the identity's
@@ -625,8 +605,8 @@ template <int K, typename QT>
 __global__ void __launch_bounds__(kThreads, 2)
 mma_prepare(const QT* __restrict__ q, const QT* __restrict__ k, const float* __restrict__ g,
             const float* __restrict__ beta, const float* __restrict__ nq,
-            const float* __restrict__ nk, float* __restrict__ gcum, float* __restrict__ tinv,
-            int T, int H, int HV, int NC, const Packed pk) {
+            const float* __restrict__ nk, float* __restrict__ tinv, int T, int H, int HV, int NC,
+            const Packed pk) {
   using S = PrepSmem<K, QT>;
   constexpr int SK = S::SK;
   extern __shared__ float4 smem4[];
@@ -653,7 +633,7 @@ mma_prepare(const QT* __restrict__ q, const QT* __restrict__ k, const float* __r
   }
   const int h = hv / (HV / H);
   const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, gq = lane >> 2, tq = lane & 3;
-  float* out = tinv + (long)blockIdx.x * 2 * kC * kC;  // Tinv, then PT
+  float* out = tinv + (long)blockIdx.x * kChunkWs;  // Tinv, PT, then the passes' factors
   load_tile<kC, K, SK>(Ks, k + gdn::qk_index(b, t0, h, T, H, K), (long)H * K, L, tid);
   load_tile<kC, K, SK>(Qs, q + gdn::qk_index(b, t0, h, T, H, K), (long)H * K, L, tid);
   cp_commit();
@@ -674,8 +654,6 @@ mma_prepare(const QT* __restrict__ q, const QT* __restrict__ k, const float* __r
     gc[i1] = c1;
     bt[i0] = i0 < L ? beta[gdn::gate_index(b, t0 + i0, hv, T, HV)] : 0.f;
     bt[i1] = i1 < L ? beta[gdn::gate_index(b, t0 + i1, hv, T, HV)] : 0.f;
-    if (i0 < L) gcum[gdn::ws_row(b, hv, t0 + i0, HV, T)] = c0;
-    if (i1 < L) gcum[gdn::ws_row(b, hv, t0 + i1, HV, T)] = c1;
   } else if (w == 1) {  // the L2-norm factors of the chunk's queries and keys
     for (int i = lane; i < kC; i += 32) {
       nqv[i] = i < L ? norm_at(nq, qk_row(b, t0 + i, h, T, H)) : 1.f;
@@ -750,6 +728,21 @@ mma_prepare(const QT* __restrict__ q, const QT* __restrict__ k, const float* __r
             make_float2(rtf32(acc[0][nt][2 * hf]), rtf32(acc[0][nt][2 * hf + 1]));
       }
   }
+  {  // the passes' per-position factors (kFac), by the expressions the passes formed them with
+     // from the decays, beta and norm factors they staged (gc 0, beta 0, norms 1 past the end)
+    const float gl = gc[L - 1];
+    for (int idx = tid; idx < kFacRows * kC; idx += kThreads) {
+      const int part = idx / kC, i = idx % kC;
+      const float gi = i < L ? gc[i] : 0.f;
+      float f;
+      if (part == 0) f = expf(gi) * nkv[i];
+      else if (part == 1) f = expf(gi) * nqv[i];
+      else if (part == 2) f = bt[i];
+      else if (part == 3) f = i < L ? expf(gl - gc[i]) * nkv[i] : 0.f;
+      else f = i == 0 ? expf(gl) : 0.f;
+      out[kFac + idx] = f;
+    }
+  }
 }
 
 // ------------------------------------------------------------------------------- the pass
@@ -760,16 +753,16 @@ template <int BV>
 constexpr bool pass_bv_ok = BV == 32 || BV == 16;
 
 // One stage of the pass (two, alternating): a chunk's keys (QT, as given), Tinv and PT (tf32,
-// from prepare), the block's BV value columns (QT), decays, beta and L2-norm factors. Offsets in
+// from prepare), the block's BV value columns (QT) and the chunk's factor rows (kFac). Offsets in
 // floats. float32 inputs take narrower strides (bank conflicts on some loads) so that two stages
 // fit in shared memory.
 template <int K, typename QT, int BV>
 struct PassStage {
   static constexpr int SKK = is_f32<QT> ? K + 4 : K + 8, SVT = is_f32<QT> ? BV + 4 : BV + 8;
   static constexpr int Kk = 0, Tv = Kk + kC * SKK * (int)sizeof(QT) / 4, PTv = Tv + kC * kPS,
-                       Vt = PTv + kC * kPS, G = Vt + kC * SVT * (int)sizeof(QT) / 4, BT = G + kC,
-                       NQ = BT + kC, NK = NQ + kC, floats = NK + kC;
-  static_assert(Tv % 4 == 0 && Vt % 4 == 0 && G % 4 == 0, "16-byte stage rows");
+                       Vt = PTv + kC * kPS, F = Vt + kC * SVT * (int)sizeof(QT) / 4,
+                       floats = F + kFacRows * kC;
+  static_assert(Tv % 4 == 0 && Vt % 4 == 0 && F % 4 == 0, "16-byte stage rows");
 };
 
 // The stages, then the chunk's queries (one buffer: the next chunk's are copied once this one's
@@ -806,8 +799,6 @@ struct PassSmem {
 template <int K, typename QT, int BV>
 __global__ void __launch_bounds__(kThreads, 1)
 mma_pass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restrict__ v,
-         const float* __restrict__ beta, const float* __restrict__ nq,
-         const float* __restrict__ nk, const float* __restrict__ gcum,
          const float* __restrict__ tinv, float* __restrict__ state, void* __restrict__ o, int T,
          int H, int HV, int V, float scale, int odt, int NC, const Packed pk) {
   static_assert(pass_bv_ok<BV>, "32 or 16 value columns a block");
@@ -846,11 +837,11 @@ mma_pass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restric
     float* sb = sm + (n & 1) * P::floats;
     load_tile<kC, K, SKK>(reinterpret_cast<QT*>(sb + P::Kk), k + gdn::qk_index(b, t0, h, T, H, K),
                           (long)H * K, L, tid);
-    load_tile<2 * kC, kC, kPS, kThreads, true>(sb + P::Tv, tinv + (sq.crow + n) * 2 * kC * kC,
-                                               kC, 2 * kC, tid);  // Tinv and PT
+    const float* ws = tinv + (sq.crow + n) * kChunkWs;
+    load_tile<2 * kC, kC, kPS, kThreads, true>(sb + P::Tv, ws, kC, 2 * kC, tid);  // Tinv and PT
+    load_tile<kFacRows, kC, kC, kThreads, true>(sb + P::F, ws + kFac, kC, kFacRows, tid);
     load_tile<kC, BV, P::SVT>(reinterpret_cast<QT*>(sb + P::Vt),
                               v + gdn::v_index(b, t0, hv, T, HV, V) + c0, (long)HV * V, L, tid);
-    stage_rows<kThreads>(sb + P::G, gcum, beta, nq, nk, b, hv, h, t0, L, T, H, HV, tid);
     cp_commit();
   };
   auto issue_q = [&](int n) {
@@ -879,8 +870,8 @@ mma_pass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restric
     const float* sb = sm + (n & 1) * P::floats;
     const QT* Kc = reinterpret_cast<const QT*>(sb + P::Kk);
     const QT* Vc = reinterpret_cast<const QT*>(sb + P::Vt);
-    const float *gc = sb + P::G, *bt = sb + P::BT, *nqv = sb + P::NQ, *nkv = sb + P::NK;
-    const float gl = gc[L - 1];
+    // the chunk's factors: exp(gc) nk, exp(gc) nq, beta, exp(gc_last - gc) nk, exp(gc_last)
+    const float *fek = sb + P::F, *feq = fek + kC, *fbt = feq + kC, *fd = fbt + kC;
     float o1[1][2][4];  // exp(gc_i) nq_i (Q S)_i, the inter-chunk part of o
     const float* sbn = Ss + n1 * SST;
     if constexpr (!kHalf) {
@@ -903,7 +894,7 @@ mma_pass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restric
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf) {
         const int i = r1 + gq + 8 * hf;
-        const float eg = expf(gc[i]), ek = eg * nkv[i], eq = eg * nqv[i], bi = bt[i];
+        const float ek = fek[i], eq = feq[i], bi = fbt[i];
 #pragma unroll
         for (int nt = 0; nt < 2; ++nt) {
           const int c = n1 + nt * 8 + 2 * tq;
@@ -932,9 +923,8 @@ mma_pass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restric
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf) {
         const int i = r1 + gq + 8 * hf;
-        const float eg = expf(gc[i]);
         if (!qrole) {
-          const float ek = eg * nkv[i], bi = bt[i];
+          const float ek = fek[i], bi = fbt[i];
 #pragma unroll
           for (int nt = 0; nt < 2; ++nt) {
             const int c = nt * 8 + 2 * tq;
@@ -945,7 +935,7 @@ mma_pass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restric
                 make_float2(rtf32(bi * (vv.x - ek * k0)), rtf32(bi * (vv.y - ek * k1)));
           }
         } else {
-          const float eq = eg * nqv[i];
+          const float eq = feq[i];
 #pragma unroll
           for (int nt = 0; nt < 2; ++nt) {
             o1[0][nt][2 * hf] = eq * (x[0][nt][2 * hf] + x2[0][nt][2 * hf]);
@@ -972,7 +962,7 @@ mma_pass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restric
 #pragma unroll
         for (int hf = 0; hf < 2; ++hf) {
           const int i = r1 + gq + 8 * hf;
-          const float d = i < L ? expf(gl - gc[i]) * nkv[i] : 0.f;
+          const float d = fd[i];
 #pragma unroll
           for (int nt = 0; nt < 2; ++nt) {
             const int c = n1 + nt * 8 + 2 * tq;
@@ -999,7 +989,7 @@ mma_pass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restric
     }
     __syncthreads();  // Ud is complete
     // S <- exp(gc_last) S + K^T Ud (A(i, j) = K[j][i], raw keys rounded at the fragment load)
-    const float el = expf(gl);
+    const float el = fd[kC];
 #pragma unroll
     for (int nt = 0; nt < NT3; ++nt)
 #pragma unroll
@@ -1022,16 +1012,16 @@ mma_pass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restric
 // ------------------------------------------------------------------- the warp-resident pass
 
 // One stage of the warp-resident pass (two, alternating): a chunk's keys and queries (QT, as
-// given), Tinv and PT (tf32, from prepare), the block's 16 NW value columns (QT), decays, beta
-// and the L2-norm factors. Offsets in floats.
+// given), Tinv and PT (tf32, from prepare), the block's 16 NW value columns (QT) and the chunk's
+// factor rows (kFac). Offsets in floats.
 template <int K, typename QT, int NW>
 struct WarpStage {
   static constexpr int BV = 16 * NW, QB = (int)sizeof(QT);
   static constexpr int SKK = is_f32<QT> ? K + 4 : K + 8, SVT = is_f32<QT> ? BV + 4 : BV + 8;
   static constexpr int Kk = 0, Qq = Kk + kC * SKK * QB / 4, Tv = Qq + kC * SKK * QB / 4,
-                       PTv = Tv + kC * kPS, Vt = PTv + kC * kPS, G = Vt + kC * SVT * QB / 4,
-                       BT = G + kC, NQ = BT + kC, NK = NQ + kC, floats = NK + kC;
-  static_assert(Qq % 4 == 0 && Tv % 4 == 0 && Vt % 4 == 0 && G % 4 == 0, "16-byte stage rows");
+                       PTv = Tv + kC * kPS, Vt = PTv + kC * kPS, F = Vt + kC * SVT * QB / 4,
+                       floats = F + kFacRows * kC;
+  static_assert(Qq % 4 == 0 && Tv % 4 == 0 && Vt % 4 == 0 && F % 4 == 0, "16-byte stage rows");
 };
 
 // The chunk recurrence after prepare with the state in registers: each warp owns 16 value
@@ -1049,8 +1039,6 @@ struct WarpStage {
 template <int K, typename QT, int NW>
 __global__ void __launch_bounds__(32 * NW, 1)
 mma_wpass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restrict__ v,
-          const float* __restrict__ beta, const float* __restrict__ nq,
-          const float* __restrict__ nk, const float* __restrict__ gcum,
           const float* __restrict__ tinv, float* __restrict__ state, void* __restrict__ o, int T,
           int H, int HV, int V, float scale, int odt, int NC, const Packed pk) {
   using P = WarpStage<K, QT, NW>;
@@ -1076,12 +1064,12 @@ mma_wpass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restri
                                k + gdn::qk_index(b, t0, h, T, H, K), (long)H * K, L, tid);
     load_tile<kC, K, SKK, NTH>(reinterpret_cast<QT*>(sb + P::Qq),
                                q + gdn::qk_index(b, t0, h, T, H, K), (long)H * K, L, tid);
-    load_tile<2 * kC, kC, kPS, NTH, true>(sb + P::Tv, tinv + (sq.crow + n) * 2 * kC * kC,
-                                          kC, 2 * kC, tid);  // Tinv and PT
+    const float* ws = tinv + (sq.crow + n) * kChunkWs;
+    load_tile<2 * kC, kC, kPS, NTH, true>(sb + P::Tv, ws, kC, 2 * kC, tid);  // Tinv and PT
+    load_tile<kFacRows, kC, kC, NTH, true>(sb + P::F, ws + kFac, kC, kFacRows, tid);
     load_tile<kC, P::BV, SVT, NTH>(reinterpret_cast<QT*>(sb + P::Vt),
                                    v + gdn::v_index(b, t0, hv, T, HV, V) + blockIdx.y * P::BV,
                                    (long)HV * V, L, tid);
-    stage_rows<NTH>(sb + P::G, gcum, beta, nq, nk, b, hv, h, t0, L, T, H, HV, tid);
     cp_commit();
   };
   if (sq.nc > 0) issue(0);
@@ -1095,8 +1083,8 @@ mma_wpass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restri
     const QT* Qc = reinterpret_cast<const QT*>(sb + P::Qq);
     const QT* Vc = reinterpret_cast<const QT*>(sb + P::Vt) + wc;
     const float *Tv = sb + P::Tv, *PTv = sb + P::PTv;
-    const float *gc = sb + P::G, *bt = sb + P::BT, *nqv = sb + P::NQ, *nkv = sb + P::NK;
-    const float gl = gc[L - 1];
+    // the chunk's factors: exp(gc) nk, exp(gc) nq, beta, exp(gc_last - gc) nk, exp(gc_last)
+    const float *fek = sb + P::F, *feq = fek + kC, *fbt = feq + kC, *fd = fbt + kC;
     // (K S)^T and (Q S)^T, [16 columns][64 positions], over the state rows; A = S^T (registers)
     float x[8][4], y[8][4];
     zero1(x);
@@ -1138,7 +1126,7 @@ mma_wpass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restri
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         const int i = 8 * nt + 2 * tq + e;
-        const float eg = expf(gc[i]), ek = eg * nkv[i], eq = eg * nqv[i], bi = bt[i];
+        const float ek = fek[i], eq = feq[i], bi = fbt[i];
 #pragma unroll
         for (int hf = 0; hf < 2; ++hf) {
           const int r = 2 * hf + e;
@@ -1191,12 +1179,12 @@ mma_wpass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restri
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         const int i = 8 * nt + 2 * tq + e;
-        const float d = i < L ? expf(gl - gc[i]) * nkv[i] : 0.f;
+        const float d = fd[i];
         u[nt][e] = rtf32(d * u[nt][e]);
         u[nt][2 + e] = rtf32(d * u[nt][2 + e]);
       }
     // S^T <- exp(gc_last) S^T + Ud^T K (B(k = position, n = state row) = K[position][row])
-    const float el = expf(gl);
+    const float el = fd[kC];
 #pragma unroll
     for (int j = 0; j < NS; ++j)
 #pragma unroll
@@ -1302,8 +1290,7 @@ cudaError_t launch_wpass(const GdnArgs* a, float* state, int seqs, int NC, const
     if (err != cudaSuccess) return err;
     mma_wpass<K, QT, NW><<<dim3(seqs * a->HV, a->V / (16 * NW)), 32 * NW, bytes, s>>>(
         static_cast<const QT*>(a->q), static_cast<const QT*>(a->k), static_cast<const QT*>(a->v),
-        a->beta, a->nq, a->nk, a->gcum, a->tinv, state, a->o, a->T, a->H, a->HV, a->V, a->scale,
-        a->o_dtype, NC, pk);
+        a->tinv, state, a->o, a->T, a->H, a->HV, a->V, a->scale, a->o_dtype, NC, pk);
     return cudaSuccess;
   }
 }
@@ -1317,8 +1304,7 @@ cudaError_t launch_pass(const GdnArgs* a, float* state, int seqs, int NC, const 
   if (err != cudaSuccess) return err;
   mma_pass<K, QT, BV><<<dim3(seqs * a->HV, a->V / BV), kThreads, bytes, s>>>(
       static_cast<const QT*>(a->q), static_cast<const QT*>(a->k), static_cast<const QT*>(a->v),
-      a->beta, a->nq, a->nk, a->gcum, a->tinv, state, a->o, a->T, a->H, a->HV, a->V, a->scale,
-      a->o_dtype, NC, pk);
+      a->tinv, state, a->o, a->T, a->H, a->HV, a->V, a->scale, a->o_dtype, NC, pk);
   return cudaSuccess;
 }
 
@@ -1337,8 +1323,8 @@ cudaError_t launch_chunks(const GdnArgs* a, float* state, int seqs, int NC, cons
   if ((err = allow_smem(mma_prepare<K, QT>, s1)) != cudaSuccess) return err;
   // prepare: a block per chunk and head (packed: the launch's NC = pk.nc chunks, all sequences)
   const int chunks = pk.n ? NC : seqs * NC;
-  mma_prepare<K, QT><<<chunks * HV, kThreads, s1, s>>>(q, k, a->g, a->beta, a->nq, a->nk,
-                                                          a->gcum, a->tinv, a->T, a->H, HV, NC, pk);
+  mma_prepare<K, QT><<<chunks * HV, kThreads, s1, s>>>(q, k, a->g, a->beta, a->nq, a->nk, a->tinv,
+                                                          a->T, a->H, HV, NC, pk);
   const int nw = pass_plan(seqs * HV, V, is_f32<QT>, sm_count());
   if (nw == 0) return launch_pass<K, QT, 32>(a, state, seqs, NC, pk, s);
   if (nw == 1) return launch_pass<K, QT, 16>(a, state, seqs, NC, pk, s);
@@ -1426,10 +1412,13 @@ int gdn_mma_pass_plan(int BH, int V, int f32, int sms) {
   return pass_plan(BH, V, f32 != 0, sms > 0 ? sms : 1);
 }
 
+// The floats of one chunk's workspace on the mma path (GdnArgs.tinv holds one per chunk and head).
+int gdn_mma_chunk_workspace(void) { return kChunkWs; }
+
 // Tensor-core chunked prefill (chunk 64, fp32 accumulators, tf32 operands). q, k, v: float32
-// (in_dtype 0), bf16 (1) or fp16 (2), all three alike; g, beta float32. Workspace: gcum
-// [B,HV,T] and tinv, each chunk's (I + A)^-1 and P (I + A)^-1 [B,HV,NC,2,64,64] (NC =
-// ceil(T / 64)), float32, provided by the caller (W and U are not used); nq, nk
+// (in_dtype 0), bf16 (1) or fp16 (2), all three alike; g, beta float32. Workspace: tinv, each
+// chunk's (I + A)^-1, P (I + A)^-1 and factor rows [B,HV,NC,gdn_mma_chunk_workspace()] (NC =
+// ceil(T / 64)), float32, provided by the caller (gcum, W and U are not used); nq, nk
 // [B,T,H] float32 for the L2 norm of q and k (qk_l2norm; computed here), or both null for none.
 // o_dtype: 0 float32, 1 bf16, 2 fp16 (o's element type); GdnArgs.chunk is 64. Returns WB_OK, a
 // cudaError_t code, WB_ERR_SHAPE for a shape gdn_chunked_mma_supported refuses, or
@@ -1438,8 +1427,8 @@ int gdn_chunked_mma_cuda(const GdnArgs* a) { return launch_mma_dtype(a, nullptr,
 
 // The same over a packed batch (varlen): B = 1, n sequences at token offsets cu[0..n] (host
 // memory: cu[0] = 0, non-decreasing, cu[n] = T), each chunked from its own first token, state
-// [n,HV,K,V] (in/out; an empty sequence's is left as it is), tinv [HV,NCS,2,64,64] with NCS the
-// sum over sequences of ceil(length / 64) (or more). Each sequence's arithmetic is the one of a
+// [n,HV,K,V] (in/out; an empty sequence's is left as it is), tinv [HV,NCS,gdn_mma_chunk_workspace()]
+// with NCS the most chunks of one launch (a sequence: ceil(length / 64); launches reuse it). Each sequence's arithmetic is the one of a
 // batch of that sequence alone, on the pass the launch takes (gdn_mma_pass_plan with BH = HV
 // times the launch's sequences). One launch of prepare and the pass per 128 sequences. Returns
 // as gdn_chunked_mma_cuda, and WB_ERR_ARGUMENT for B != 1 or offsets out of order.

@@ -100,6 +100,8 @@ def test_mma_packed_launch_tables():
                                                   "chunks": 3}]
     assert ext.mma_packed_launches([0, 0, 0])[0]["chunks"] == 0 == ext.mma_packed_workspace_chunks([0, 0, 0])
     assert ext.mma_packed_workspace_chunks([0, 130]) == 3
+    # a chunk's workspace as the kernels lay it out (Tinv, PT, the passes' factor rows)
+    assert ext.library("cuda").gdn_mma_chunk_workspace() == ext.MMA_CHUNK_WS == 8512
 
 
 @pytest.mark.skipif(_native.find_nvcc() is None, reason="nvcc not found")

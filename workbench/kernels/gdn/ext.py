@@ -92,6 +92,7 @@ def library(kind: str) -> ctypes.CDLL:
             packed.argtypes, packed.restype = [ctypes.POINTER(GdnArgs), _P, _I], _I
             group = lib.gdn_mma_packed_group
             group.argtypes, group.restype = [_P, _I, _I, _P, _P, _P], _I
+            lib.gdn_mma_chunk_workspace.argtypes, lib.gdn_mma_chunk_workspace.restype = [], _I
         _abi.bind(lib, entries)
         _abi.check_layout(lib, GdnArgs)
         if kind == "cpu":
@@ -158,6 +159,9 @@ def mma_pass(B: int, HV: int, V: int, dtype: torch.dtype, sms: int | None = None
 
 
 PACKED_LAUNCH = 128  # sequences a packed launch of the mma path takes (kSeqs in gdn_mma.cu)
+# floats of one chunk's workspace on the mma path (kChunkWs in gdn_mma.cu): Tinv and PT, 64 x 64
+# each, then five rows of 64 per-position factors for the passes
+MMA_CHUNK_WS = 2 * 64 * 64 + 5 * 64
 
 
 def mma_packed_launches(cu_seqlens) -> list[dict]:
@@ -329,19 +333,19 @@ def _launch_mma(lib, a, s, C, acc64, tensors, o, qk_l2norm, cu_seqlens=None):
         raise KernelArgumentError(
             f"q, k, v: the mma path reads one of {list(MMA_IN)} for all three, got "
             f"{[x.dtype for x in tensors[:3]]}", key="q")
-    # workspace: gcum and each chunk's (I + A)^-1 and P (I + A)^-1 (tinv; a packed batch's
-    # sequences are chunked from their own first tokens); the L2-norm factors of the q and k rows
-    # (computed by the kernels), or none
+    # workspace: each chunk's (I + A)^-1, P (I + A)^-1 and the passes' factor rows (tinv; a packed
+    # batch's sequences are chunked from their own first tokens); the L2-norm factors of the q and
+    # k rows (computed by the kernels), or none
     f32 = dict(dtype=torch.float32, device=q.device)
     if cu_seqlens is None:
-        tinv = torch.empty(s.B, s.HV, -(-s.T // 64), 2, 64, 64, **f32)
+        tinv = torch.empty(s.B, s.HV, -(-s.T // 64), MMA_CHUNK_WS, **f32)
     else:
-        tinv = torch.empty(s.HV, mma_packed_workspace_chunks(cu_seqlens), 2, 64, 64, **f32)
-    ws = [torch.empty(s.B, s.HV, s.T, **f32), tinv]
+        tinv = torch.empty(s.HV, mma_packed_workspace_chunks(cu_seqlens), MMA_CHUNK_WS, **f32)
+    ws = [tinv]
     if qk_l2norm:
         ws += [torch.empty(s.B, s.T, s.H, **f32) for _ in range(2)]
-        a.nq, a.nk = ws[2].data_ptr(), ws[3].data_ptr()
-    a.gcum, a.tinv = ws[0].data_ptr(), ws[1].data_ptr()
+        a.nq, a.nk = ws[1].data_ptr(), ws[2].data_ptr()
+    a.tinv = tinv.data_ptr()
     a.in_dtype, a.o_dtype = MMA_IN[q.dtype], MMA_OUT[o.dtype]
     if cu_seqlens is None:
         rc = lib.gdn_chunked_mma_cuda(ctypes.byref(a))
