@@ -1222,6 +1222,229 @@ mma_wpass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restri
     for (int r = 0; r < 4; ++r) st[(long)(8 * j + 2 * tq + (r & 1)) * V + gq + 8 * (r >> 1)] = s[j][r];
 }
 
+// -------------------------------------------------------------------- the warp-pair pass
+
+// The warp-resident pass with each 16-column group over a pair of warps (`pair`, forced only
+// until it is timed on a GPU): warp 2p + h of the block holds the transposed state S^T of the
+// pair's 16 columns over state rows (K / 2) h .. (K / 2) (h + 1) in mma accumulators, so a warp's
+// chain of products a chunk is about half the warp-resident pass's (K = 128: 228 mma instead of
+// 456) and a grid has twice the warps. Per chunk, transposed as there:
+//   both halves: partial (K S)^T and (Q S)^T over their state rows; the halves' partials are
+//     summed (rows 0 .. K/2 - 1 first, as the shared-memory pass's two chains), over shared memory;
+//   h = 0: R^T = beta (V - exp(gc) nk (K S))^T (rounded), U^T = R^T Tinv^T, the decayed, normed,
+//     rounded U^T (the update's A operand) to shared memory;
+//   h = 1: o^T = scale (exp(gc) nq (Q S)^T + R^T PT^T), R^T from shared memory;
+//   both halves: S^T <- exp(gc_last) S^T + Ud^T K over their state rows.
+// The same roundings to tf32 as the other passes; the sums over the state rows are the shared-
+// memory pass's two chains (its results to float32 summation order). A pair meets at a named
+// barrier three times a chunk; the block at one barrier (the stage buffers). Exchange buffers,
+// two a pair of 32 x 32 floats (each lane's 8 n-tiles x 4 accumulators, lane-major): X holds
+// the second half's partial K S, then R^T; Y the first half's partial Q S, then Ud^T.
+template <int K, typename QT, int NP>
+__global__ void __launch_bounds__(64 * NP, 1)
+mma_ppass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restrict__ v,
+          const float* __restrict__ tinv, float* __restrict__ state, void* __restrict__ o, int T,
+          int H, int HV, int V, float scale, int odt, int NC, const Packed pk) {
+  static_assert(!is_f32<QT>, "16-bit q, k, v (float32 stages do not fit with the exchange)");
+  using P = WarpStage<K, QT, NP>;  // the block's 16 NP value columns
+  constexpr int NTH = 64 * NP, NS = K / 8, NH = NS / 2, SKK = P::SKK, SVT = P::SVT;
+  constexpr int kXch = 32 * 32;  // floats of one exchange buffer
+  extern __shared__ float4 smem4[];
+  float* sm = reinterpret_cast<float*>(smem4);
+  const SeqAt sq = pass_seq(pk, blockIdx.x, HV, T, NC);
+  const int b = sq.b, hv = blockIdx.x % HV, h = hv / (HV / H), tend = sq.first + sq.len;
+  const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, gq = lane >> 2, tq = lane & 3;
+  const int pr = w >> 1, hlf = w & 1;  // the warp's pair and its half of the state rows
+  const int wc = 16 * pr, c0 = blockIdx.y * P::BV + wc;  // the pair's columns: c0 + 0..15
+  const int k0 = (K / 2) * hlf;  // the warp's first state row
+  float* X = sm + 2 * P::floats + pr * 2 * kXch + 4 * lane;  // this lane's slots of X
+  float* Y = X + kXch;
+  auto put8 = [](float* buf, const float (&a)[8][4]) {
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+      *reinterpret_cast<float4*>(buf + nt * 128) = make_float4(a[nt][0], a[nt][1], a[nt][2], a[nt][3]);
+  };
+  auto get8 = [](const float* buf, float (&a)[8][4]) {
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt) {
+      const float4 x = *reinterpret_cast<const float4*>(buf + nt * 128);
+      a[nt][0] = x.x, a[nt][1] = x.y, a[nt][2] = x.z, a[nt][3] = x.w;
+    }
+  };
+  auto pair_sync = [&]() { asm volatile("bar.sync %0, 64;" ::"r"(1 + pr) : "memory"); };
+  float* st = state + gdn::state_index(sq.sb, hv, HV, K, V) + c0;
+  float s[NH][4];  // element r of s[j]: column gq + 8 (r / 2), state row k0 + 8j + 2tq + (r % 2)
+#pragma unroll
+  for (int j = 0; j < NH; ++j)
+#pragma unroll
+    for (int r = 0; r < 4; ++r)
+      s[j][r] = st[(long)(k0 + 8 * j + 2 * tq + (r & 1)) * V + gq + 8 * (r >> 1)];
+  auto issue = [&](int n) {
+    const int t0 = sq.first + n * kC, L = gdn::imin(kC, tend - t0);
+    float* sb = sm + (n & 1) * P::floats;
+    load_tile<kC, K, SKK, NTH>(reinterpret_cast<QT*>(sb + P::Kk),
+                               k + gdn::qk_index(b, t0, h, T, H, K), (long)H * K, L, tid);
+    load_tile<kC, K, SKK, NTH>(reinterpret_cast<QT*>(sb + P::Qq),
+                               q + gdn::qk_index(b, t0, h, T, H, K), (long)H * K, L, tid);
+    const float* ws = tinv + (sq.crow + n) * kChunkWs;
+    load_tile<2 * kC, kC, kPS, NTH, true>(sb + P::Tv, ws, kC, 2 * kC, tid);  // Tinv and PT
+    load_tile<kFacRows, kC, kC, NTH, true>(sb + P::F, ws + kFac, kC, kFacRows, tid);
+    load_tile<kC, P::BV, SVT, NTH>(reinterpret_cast<QT*>(sb + P::Vt),
+                                   v + gdn::v_index(b, t0, hv, T, HV, V) + blockIdx.y * P::BV,
+                                   (long)HV * V, L, tid);
+    cp_commit();
+  };
+  auto a_of = [](const float (&c)[4], uint32_t (&a)[4]) {
+    a[0] = __float_as_uint(c[0]), a[1] = __float_as_uint(c[2]), a[2] = __float_as_uint(c[1]),
+    a[3] = __float_as_uint(c[3]);
+  };
+  if (sq.nc > 0) issue(0);
+  for (int n = 0; n < sq.nc; ++n) {
+    const int t0 = sq.first + n * kC, L = gdn::imin(kC, tend - t0);
+    cp_wait<0>();
+    __syncthreads();  // this chunk's stage is in place; every warp is done with the other one
+    if (n + 1 < sq.nc) issue(n + 1);
+    const float* sb = sm + (n & 1) * P::floats;
+    const QT* Kc = reinterpret_cast<const QT*>(sb + P::Kk);
+    const QT* Qc = reinterpret_cast<const QT*>(sb + P::Qq);
+    const QT* Vc = reinterpret_cast<const QT*>(sb + P::Vt) + wc;
+    const float *Tv = sb + P::Tv, *PTv = sb + P::PTv;
+    const float *fek = sb + P::F, *feq = fek + kC, *fbt = feq + kC, *fd = fbt + kC;
+    // partial (K S)^T and (Q S)^T over this warp's state rows; A = S^T (registers)
+    float x[8][4], y[8][4];
+    zero1(x);
+    zero1(y);
+#pragma unroll
+    for (int j = 0; j < NH; ++j) {
+      const uint32_t a[4] = {opnd<true>(s[j][0]), opnd<true>(s[j][2]), opnd<true>(s[j][1]),
+                             opnd<true>(s[j][3])};
+#pragma unroll
+      for (int h4 = 0; h4 < 2; ++h4) {  // B(k = state row, n = position): 4 n-tiles a load
+        uint32_t rk[4], rq[4];
+        ldsm4<false>(rk, Kc + (32 * h4 + lane) * SKK + k0 + 8 * j);
+        ldsm4<false>(rq, Qc + (32 * h4 + lane) * SKK + k0 + 8 * j);
+#pragma unroll
+        for (int m = 0; m < 4; ++m) {
+          uint32_t b0, b1;
+          split16<QT>(rk[m], b0, b1);
+          mma8(x[4 * h4 + m], a, b0, b1);
+          split16<QT>(rq[m], b0, b1);
+          mma8(y[4 * h4 + m], a, b0, b1);
+        }
+      }
+    }
+    if (hlf) put8(X, x);  // the second half's K S to the first, the first half's Q S to the second
+    else put8(Y, y);
+    pair_sync();
+    if (!hlf) {
+      // R^T (rounded) from the halves' sum; to X for the second half
+      float xb[8][4];
+      get8(X, xb);
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int i = 8 * nt + 2 * tq + e;
+          const float ek = fek[i], bi = fbt[i];
+#pragma unroll
+          for (int hf = 0; hf < 2; ++hf) {
+            const int r = 2 * hf + e;
+            x[nt][r] = rtf32(bi * (to_f(Vc[i * SVT + gq + 8 * hf]) - ek * (x[nt][r] + xb[nt][r])));
+          }
+        }
+      put8(X, x);
+    } else {
+      // exp(gc) nq (Q S)^T from the halves' sum
+      float ya[8][4];
+      get8(Y, ya);
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const float eq = feq[8 * nt + 2 * tq + e];
+#pragma unroll
+          for (int hf = 0; hf < 2; ++hf) y[nt][2 * hf + e] = eq * (ya[nt][2 * hf + e] + y[nt][2 * hf + e]);
+        }
+    }
+    pair_sync();  // R^T is in X; the second half is done with Y
+    // acc^T += R^T M^T for a lower-triangular 64 x 64 M (row stride kPS) in shared memory
+    auto r_times_lower = [&](const float* M, float (&acc)[8][4]) {
+#pragma unroll
+      for (int ks = 0; ks < 8; ++ks) {
+        uint32_t a[4];
+        a_of(x[ks], a);
+        const float* p = M + 8 * ks + 2 * tq + gq * kPS;
+#pragma unroll
+        for (int nt = ks; nt < 8; ++nt) {
+          uint32_t b0, b1;
+          b_frag<1, false>(p + 8 * nt * kPS, b0, b1);
+          mma8(acc[nt], a, b0, b1);
+        }
+      }
+    };
+    float u[8][4];
+    if (hlf) {
+      get8(X, x);  // R^T
+      r_times_lower(PTv, y);
+      // o: this thread's positions 8 nt + 2 tq (+1), columns c0 + gq (+8)
+      const long ost = (long)HV * V, orow = gdn::v_index(b, t0 + 2 * tq, hv, T, HV, V) + c0 + gq;
+      with_out_type(o, odt, [&](auto* op) {
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            if (8 * nt + 2 * tq + e >= L) continue;
+            auto* p = op + orow + (8 * nt + e) * ost;
+            put(p, scale * y[nt][e]);
+            put(p + 8, scale * y[nt][2 + e]);
+          }
+      });
+    } else {
+      zero1(u);
+      r_times_lower(Tv, u);
+      // the decayed, normed U^T (rounded): the update's A operand, to Y for the second half
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const float d = fd[8 * nt + 2 * tq + e];
+          u[nt][e] = rtf32(d * u[nt][e]);
+          u[nt][2 + e] = rtf32(d * u[nt][2 + e]);
+        }
+      put8(Y, u);
+    }
+    pair_sync();  // Ud^T is in Y
+    if (hlf) get8(Y, u);
+    // S^T <- exp(gc_last) S^T + Ud^T K over this warp's state rows (K's tiles transposed)
+    const float el = fd[kC];
+#pragma unroll
+    for (int j = 0; j < NH; ++j)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) s[j][r] *= el;
+#pragma unroll
+    for (int ks = 0; ks < 8; ++ks) {
+      uint32_t a[4];
+      a_of(u[ks], a);
+#pragma unroll
+      for (int j4 = 0; j4 < NH / 4; ++j4) {
+        uint32_t r[4];
+        ldsm4<true>(r, Kc + (8 * ks + (lane & 7)) * SKK + k0 + 8 * (4 * j4 + (lane >> 3)));
+#pragma unroll
+        for (int m = 0; m < 4; ++m) {
+          uint32_t b0, b1;
+          split16<QT>(r[m], b0, b1);
+          mma8(s[4 * j4 + m], a, b0, b1);
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < NH; ++j)
+#pragma unroll
+    for (int r = 0; r < 4; ++r)
+      st[(long)(k0 + 8 * j + 2 * tq + (r & 1)) * V + gq + 8 * (r >> 1)] = s[j][r];
+}
+
 // ----------------------------------------------------------------------------------- launcher
 
 bool gdn_chunked_mma_supported_impl(int K, int V) {
@@ -1257,25 +1480,37 @@ int sm_count() {
 // Its block: 16 value columns a warp, 2, 4 or 8 warps (V allowing; float32 q, k, v: 2, for
 // shared memory); the fewest waves of blocks over the SMs, then the fewest warps a block (more
 // SMs at work, each warp its own scheduler). The arithmetic of a warp does not depend on it.
-// WORKBENCH_GDN_MMA_PASS=warp|smem forces a pass (tests, benchmarks), =smem16 the shared-memory
-// pass at 16 value columns a block (1; not yet in the rule: to be measured against the 32-column
-// blocks on a GPU); anything else: the rule.
+// WORKBENCH_GDN_MMA_PASS=warp|smem forces a pass (tests, benchmarks); =smem16 the shared-memory
+// pass at 16 value columns a block (1) and =pair the warp-pair pass (kPair | its warps a block:
+// 2, 4 or 8, 16-bit inputs; float32 ones take the warp-resident pass), neither in the rule until
+// they are timed against the others on a GPU; anything else: the rule.
+constexpr int kPair = 64;
+// The block of the fewest waves over the SMs, then the fewest warps: warps 2, 4, .. wmax a block,
+// 16 value columns each warp (pair = false) or each two warps (pair = true).
+int fewest_waves(int BH, int V, int sms, int wmax, bool pair) {
+  int best = 2;
+  long best_waves = -1;
+  for (int nw = 2; nw <= wmax; nw *= 2) {
+    const int cols = pair ? 8 * nw : 16 * nw;
+    if (V % cols) continue;
+    const long blocks = (long)BH * (V / cols), waves = (blocks + sms - 1) / sms;
+    if (best_waves < 0 || waves < best_waves) best = nw, best_waves = waves;
+  }
+  return best;
+}
 int pass_plan(int BH, int V, bool f32, int sms) {
   bool warp = 2L * BH * (V / 16) >= 5L * sms;
   if (const char* e = getenv("WORKBENCH_GDN_MMA_PASS")) {
     if (!strcmp(e, "warp")) warp = true;
     if (!strcmp(e, "smem")) warp = false;
     if (!strcmp(e, "smem16")) return 1;
+    if (!strcmp(e, "pair")) {
+      if (!f32) return kPair | fewest_waves(BH, V, sms, 8, true);
+      warp = true;
+    }
   }
   if (!warp) return 0;
-  int best = 2;
-  long best_waves = -1;
-  for (int nw = 2; nw <= (f32 ? 2 : 8); nw *= 2) {
-    if (V % (16 * nw)) continue;
-    const long blocks = (long)BH * (V / (16 * nw)), waves = (blocks + sms - 1) / sms;
-    if (best_waves < 0 || waves < best_waves) best = nw, best_waves = waves;
-  }
-  return best;
+  return fewest_waves(BH, V, sms, f32 ? 2 : 8, false);
 }
 
 template <int K, typename QT, int NW>
@@ -1289,6 +1524,23 @@ cudaError_t launch_wpass(const GdnArgs* a, float* state, int seqs, int NC, const
     cudaError_t err = allow_smem(mma_wpass<K, QT, NW>, bytes);
     if (err != cudaSuccess) return err;
     mma_wpass<K, QT, NW><<<dim3(seqs * a->HV, a->V / (16 * NW)), 32 * NW, bytes, s>>>(
+        static_cast<const QT*>(a->q), static_cast<const QT*>(a->k), static_cast<const QT*>(a->v),
+        a->tinv, state, a->o, a->T, a->H, a->HV, a->V, a->scale, a->o_dtype, NC, pk);
+    return cudaSuccess;
+  }
+}
+
+template <int K, typename QT, int NP>
+cudaError_t launch_ppass(const GdnArgs* a, float* state, int seqs, int NC, const Packed& pk,
+                         cudaStream_t s) {
+  if constexpr (is_f32<QT>) {
+    return cudaErrorInvalidValue;
+  } else {
+    constexpr size_t bytes = sizeof(float) * (2 * WarpStage<K, QT, NP>::floats + NP * 2 * 32 * 32);
+    static_assert(bytes <= 227 * 1024, "the warp-pair pass's shared memory");
+    cudaError_t err = allow_smem(mma_ppass<K, QT, NP>, bytes);
+    if (err != cudaSuccess) return err;
+    mma_ppass<K, QT, NP><<<dim3(seqs * a->HV, a->V / (16 * NP)), 64 * NP, bytes, s>>>(
         static_cast<const QT*>(a->q), static_cast<const QT*>(a->k), static_cast<const QT*>(a->v),
         a->tinv, state, a->o, a->T, a->H, a->HV, a->V, a->scale, a->o_dtype, NC, pk);
     return cudaSuccess;
@@ -1328,6 +1580,10 @@ cudaError_t launch_chunks(const GdnArgs* a, float* state, int seqs, int NC, cons
   const int nw = pass_plan(seqs * HV, V, is_f32<QT>, sm_count());
   if (nw == 0) return launch_pass<K, QT, 32>(a, state, seqs, NC, pk, s);
   if (nw == 1) return launch_pass<K, QT, 16>(a, state, seqs, NC, pk, s);
+  if (nw & kPair)
+    return nw == (kPair | 8)   ? launch_ppass<K, QT, 4>(a, state, seqs, NC, pk, s)
+           : nw == (kPair | 4) ? launch_ppass<K, QT, 2>(a, state, seqs, NC, pk, s)
+                               : launch_ppass<K, QT, 1>(a, state, seqs, NC, pk, s);
   return nw == 8   ? launch_wpass<K, QT, 8>(a, state, seqs, NC, pk, s)
          : nw == 4 ? launch_wpass<K, QT, 4>(a, state, seqs, NC, pk, s)
                    : launch_wpass<K, QT, 2>(a, state, seqs, NC, pk, s);
@@ -1404,8 +1660,9 @@ extern "C" {
 int gdn_chunked_mma_supported(int K, int V) { return gdn_chunked_mma_supported_impl(K, V) ? 1 : 0; }
 
 // The pass the mma path takes for B * HV = BH and V on a GPU of sms SMs (f32: float32 q, k, v):
-// 0 for the shared-memory pass, 1 for its 16-column blocks (forced only), else the warp-resident
-// pass's warps a block (2, 4 or 8); honours
+// 0 for the shared-memory pass, 1 for its 16-column blocks (forced only), 64 (kPair) | the warps
+// a block of the warp-pair pass (2, 4 or 8; forced only), else the warp-resident pass's warps a
+// block (2, 4 or 8); honours
 // WORKBENCH_GDN_MMA_PASS as the launcher does. Host code only: callable without a GPU. A packed
 // batch's launch has BH = HV times its sequences (up to 128 a launch, empty ones included).
 int gdn_mma_pass_plan(int BH, int V, int f32, int sms) {

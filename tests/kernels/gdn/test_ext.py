@@ -58,12 +58,13 @@ def test_cuda_mma_kernels_keep_registers(tmp_path):
                            ["-Xptxas", "-v"])
     out = subprocess.run(cmd, capture_output=True, text=True, check=True).stderr
     reports = re.findall(r"Compiling entry function '(\S+)'.*?(\d+) bytes spill stores", out, re.S)
-    seen = {name for name, _ in reports if re.search(r"mma_(wpass|pass|prepare)ILi(64|128)E", name)}
+    seen = {name for name, _ in reports if re.search(r"mma_(wpass|ppass|pass|prepare)ILi(64|128)E", name)}
     kinds = {kind: [n for n in seen if re.search(rf"mma_{kind}I", n)]
-             for kind in ("prepare", "pass", "wpass")}
+             for kind in ("prepare", "pass", "wpass", "ppass")}
     # prepare: K 64/128 x fp32/bf16/fp16; the shared-memory pass: the same at 32 and 16 value
-    # columns a block; the warp-resident pass: 16-bit inputs at 2, 4 and 8 warps a block, fp32 at 2
-    assert [len(v) for v in kinds.values()] == [6, 12, 14], sorted(seen)
+    # columns a block; the warp-resident pass: 16-bit inputs at 2, 4 and 8 warps a block, fp32 at
+    # 2; the warp-pair pass: 16-bit inputs at 1, 2 and 4 pairs a block
+    assert [len(v) for v in kinds.values()] == [6, 12, 14, 12], sorted(seen)
     spills = [(name, n) for name, n in reports if name in seen and int(n)]
     assert not spills, spills
 
@@ -135,6 +136,16 @@ def test_mma_pass_plan(monkeypatch):
     assert ext.mma_pass(8, 32, 128, bf16, sms=132) == "smem"
     monkeypatch.setenv("WORKBENCH_GDN_MMA_PASS", "smem16")  # forced only, any grid or dtype
     assert ext.mma_pass(8, 32, 128, bf16, sms=132) == "smem16" == ext.mma_pass(1, 32, 64, f32, sms=132)
+    monkeypatch.setenv("WORKBENCH_GDN_MMA_PASS", "pair")  # forced only; 16 columns a pair
+    pair_cases = [
+        ((1, 48, 128, bf16, 132), "pair8"),   # 96 blocks of 4 pairs: one wave
+        ((1, 32, 128, bf16, 132), "pair4"),   # 128 blocks of 2 pairs: one wave (as 64 of 4)
+        ((1, 32, 64, bf16, 132), "pair2"),    # 128 blocks of 1 pair: one wave
+        ((4, 32, 96, bf16, 132), "pair4"),    # V = 96: 2 pairs (32 columns) a block at most
+        ((4, 32, 128, f32, 132), "warp2"),    # float32 q, k, v: the warp-resident pass
+    ]
+    for (B, HV, V, dt, sms), want in pair_cases:
+        assert ext.mma_pass(B, HV, V, dt, sms=sms) == want, (B, HV, V, dt, sms)
     monkeypatch.setenv("WORKBENCH_GDN_MMA_PASS", "bogus")  # anything else: the rule
     assert ext.mma_pass(8, 32, 128, bf16, sms=132) == "warp8"
 
@@ -240,8 +251,9 @@ MMA_CASES = [
 
 
 # the mma path's passes (the launcher picks one by the grid; forced here, each on every case):
-# the warp-resident pass, the shared-memory pass and its 16-column blocks (forced only)
-PASSES = ["warp", "smem", "smem16"]
+# the warp-resident pass, the shared-memory pass, and (forced only) its 16-column blocks and the
+# warp-pair pass (16-bit inputs; float32 ones take the warp-resident pass when it is forced)
+PASSES = ["warp", "smem", "smem16", "pair"]
 
 
 @pytest.mark.gpu
@@ -292,7 +304,7 @@ def test_cuda_mma_writes_output_dtype(monkeypatch):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("mma_pass", PASSES)
+@pytest.mark.parametrize("mma_pass", [p for p in PASSES if p != "pair"])  # pair: 16-bit only
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("K,V,T", [(128, 128, 150), (64, 96, 64), (128, 32, 1)])
 def test_cuda_mma_reads_16bit_inputs(dtype, K, V, T, mma_pass, monkeypatch):
@@ -381,6 +393,32 @@ def test_cuda_mma_smem16_is_smem_bit_for_bit(K, V, dtype, monkeypatch):
         assert log.summary()[0]["path"] == f"mma/{p}"
     assert torch.isfinite(out["smem16"][0].float()).all()
     assert torch.equal(out["smem"][0], out["smem16"][0]) and torch.equal(out["smem"][1], out["smem16"][1])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("K,V,T,B", [(128, 128, 150, 2), (64, 64, 200, 1), (128, 96, 64, 3), (64, 32, 1, 2),
+                                     (128, 128, 1000, 1)])
+def test_cuda_mma_pair_pass_agrees(K, V, T, B, dtype, monkeypatch):
+    """The warp-pair pass (two warps a 16-column group, each half the state rows; forced) against
+    the shared-memory pass, whose two chains over K / 2 it shares: the same roundings to tf32,
+    the products transposed, so o and the state agree to float32 summation order; and both close
+    to the oracle. Blocks of 1, 2 and 4 pairs (V = 32 .. 128), odd lengths, a length of 1."""
+    monkeypatch.setenv("WORKBENCH_GDN_CUDA_PATH", "mma")
+    x = make_inputs(B, T, 2, 4, K, V, dtype=dtype, state=True, seed=29, device="cuda")
+    out = {}
+    for p in ("smem", "pair"):
+        monkeypatch.setenv("WORKBENCH_GDN_MMA_PASS", p)
+        with kernel_log() as log:
+            out[p] = gdn.chunked(**x, qk_l2norm=True, backend="ext")
+        assert log.summary()[0]["path"] == "mma/" + ext.mma_pass(B, 4, V, dtype)
+    assert log.summary()[0]["path"].startswith("mma/pair")
+    (o, s), (po, ps) = out["smem"], out["pair"]
+    assert torch.isfinite(po.float()).all() and torch.isfinite(ps).all()
+    assert workbench.compare(s, ps).rel_l2 <= 1e-5, workbench.compare(s, ps).rel_l2
+    assert workbench.compare(o.float(), po.float()).rel_l2 <= 1e-3
+    ro, rs = oracle.chunked(**x, qk_l2norm=True)
+    assert workbench.compare(ro, po).rel_l2 <= 5e-3 and workbench.compare(rs, ps).rel_l2 <= 5e-3
 
 
 @pytest.mark.gpu

@@ -147,14 +147,17 @@ def _sm_count(device: torch.device) -> int:
 def mma_pass(B: int, HV: int, V: int, dtype: torch.dtype, sms: int | None = None) -> str:
     """The pass the mma path's launcher takes for ``B`` x ``HV`` heads of ``V`` value columns with
     q, k, v in ``dtype``: ``"smem"`` (the shared-memory pass), ``"smem16"`` (the same at 16 value
-    columns a block; only when forced) or ``"warpN"`` (the warp-resident pass, N warps a block),
-    on a GPU of ``sms`` SMs (None: the current CUDA device's). The
+    columns a block; only when forced), ``"warpN"`` (the warp-resident pass, N warps a block) or
+    ``"pairN"`` (the warp-pair pass, N warps a block, two a 16-column group; only when forced), on
+    a GPU of ``sms`` SMs (None: the current CUDA device's). The
     launcher's own rule (``kernels/gdn/gdn_mma.cu``, ``WORKBENCH_GDN_MMA_PASS`` included), asked
     of the CUDA build; needs nvcc, not a GPU, when ``sms`` is given."""
     if sms is None:
         sms = _sm_count(torch.device("cuda", torch.cuda.current_device()))
     nw = library("cuda").gdn_mma_pass_plan(int(B) * int(HV), int(V), int(dtype == torch.float32),
                                           int(sms))
+    if nw & 64:  # kPair in gdn_mma.cu
+        return f"pair{nw & 63}"
     return {0: "smem", 1: "smem16"}.get(nw, f"warp{nw}")
 
 
