@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# One device call's worth of GDN mma checks, results written under $OUT with their headers
+# (command, device, versions, date, commit), ready to copy into benchmarks/results/.
+#
+#   OUT=$OUT bash benchmarks/gdn_gpu_session.sh tests    # the mma path's GPU tests, every pass forced
+#   OUT=$OUT bash benchmarks/gdn_gpu_session.sh ab [shape filters...]
+#                                                       # gdn_pass_ab: smem smem16 warp pair auto vs fla
+#   OUT=$OUT bash benchmarks/gdn_gpu_session.sh matrix [shape filters...]
+#                                                       # gdn_matrix prefill rows vs fla
+#
+# Run from the repository root with the packages of ../shared/GPU.md on PYTHONPATH (numpy 2.4,
+# fla 0.6.0). Each mode stops at its own time limit (SESSION_LIMIT seconds, default 500) so that
+# what was measured comes back from a device call of 600 s.
+set -u
+mode=${1:-tests}
+shift || true
+out=${OUT:?set OUT to the folder the results go to}
+limit=${SESSION_LIMIT:-500}
+day=$(date -u +%Y%m%d)
+commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+header() {
+  python3 - "$1" "$commit" <<'PY'
+import datetime, sys, platform
+import torch
+try:
+    import triton
+    tv = triton.__version__
+except Exception:
+    tv = "none"
+dev = torch.cuda.get_device_name() if torch.cuda.is_available() else "no CUDA device"
+print(f"# command: {sys.argv[1]}")
+print(f"# device: {dev}, Python {platform.python_version()}, torch {torch.__version__}, "
+      f"CUDA {torch.version.cuda}, triton {tv}; date "
+      f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC; commit {sys.argv[2]}")
+PY
+}
+case "$mode" in
+  tests)
+    cmd="pytest -q -m gpu tests/kernels/gdn/test_varlen.py tests/kernels/test_graph_capture.py tests/kernels/gdn/test_ext.py -k 'mma or packed or capturable'"
+    f="$out/gpu-tests-$day-mma-passes.txt"
+    { header "$cmd"; timeout "$limit" bash -c "python3 -m $cmd -p no:cacheprovider" 2>&1; echo "# rc=$?"; } > "$f"
+    tail -5 "$f"
+    ;;
+  ab)
+    f="$out/gdn-pass-ab-$day.json"
+    args=(--variants smem smem16 warp pair auto --out "$f")
+    [ $# -gt 0 ] && args+=(--only "$@")
+    timeout "$limit" python3 benchmarks/gdn_pass_ab.py "${args[@]}" 2>&1 | tail -20
+    ;;
+  matrix)
+    f="$out/gdn-matrix-$day.json"
+    args=(--skip decode --out "$f")
+    [ $# -gt 0 ] && args+=(--only "$@")
+    timeout "$limit" python3 benchmarks/gdn_matrix.py "${args[@]}" 2>&1 | tail -20
+    ;;
+  *)
+    echo "usage: OUT=dir bash benchmarks/gdn_gpu_session.sh tests|ab|matrix [shape filters...]" >&2
+    exit 2
+    ;;
+esac
