@@ -49,9 +49,16 @@
 // the same float32 values: the same bits) so that a pass stages them with Tinv and PT instead of
 // the decays, beta and norms with 4-byte copies and three exponentials a position. o is written
 // in float32, bf16 or fp16 (rounded to nearest even from the float32 result).
+#ifdef WB_MMA_EMU
+// the host emulation of the CUDA built-ins and PTX below, for CPU tests (gdn_mma_emu.cpp)
+#include "common/cuda_emu.h"
+#else
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
+#define WB_LAUNCH(g, b, m, s, ...) __VA_ARGS__<<<g, b, m, s>>>
+#define WB_DYNAMIC_SMEM(T, name) extern __shared__ T name[]
+#endif
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -73,12 +80,16 @@ constexpr int kThreads = 256;  // every kernel: 8 warps
 constexpr int kFacRows = 5, kFac = 2 * kC * kC, kChunkWs = kFac + kFacRows * kC;
 
 __device__ __forceinline__ uint32_t tf32_bits(float x) {
+#ifdef WB_MMA_EMU
+  return wbemu::cvt_rna_tf32(x);  // the low 13 bits cleared
+#else
   uint32_t r;
   asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900
   return r;  // sm_90: the conversion's own code clears the 13 low bits (its SASS ends in that mask)
 #else
   return r & 0xffffe000u;
+#endif
 #endif
 }
 // x rounded to nearest tf32 (ties away from zero), as a float
@@ -87,9 +98,13 @@ __device__ __forceinline__ float rtf32(float x) { return __uint_as_float(tf32_bi
 template <bool CVT>
 __device__ __forceinline__ uint32_t opnd(float x) {
   if constexpr (CVT) {
+#ifdef WB_MMA_EMU
+    return wbemu::cvt_rna_tf32(x);
+#else
     uint32_t r;
     asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
     return r;
+#endif
   } else {
     return __float_as_uint(x);
   }
@@ -137,11 +152,15 @@ __device__ __forceinline__ void with_out_type(void* o, int odt, F&& f) {
 
 __device__ __forceinline__ void mma8(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
                                      uint32_t b1) {
+#ifdef WB_MMA_EMU
+  wbemu::mma_m16n8k8_tf32(d, a, b0, b1);
+#else
   asm volatile(
       "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
       "{%8,%9}, {%0,%1,%2,%3};"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
 }
 
 // The B fragment of one k-step (p at this lane's element): (k, n) at p[k * BK], pairs where BK
@@ -290,19 +309,37 @@ __device__ __forceinline__ void zero(float (&acc)[MT][NT][4]) {
       for (int r = 0; r < 4; ++r) acc[m][n][r] = 0.f;
 }
 
-__device__ __forceinline__ void cp4(float* dst, const float* src) {
-  const unsigned s = (unsigned)__cvta_generic_to_shared(dst);
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(s), "l"(src));
-}
+#ifdef WB_MMA_EMU
+__device__ __forceinline__ void cp_commit() { wbemu::cp_async_commit(); }
+template <int N>
+__device__ __forceinline__ void cp_wait() { wbemu::cp_async_wait(N); }
+// bar.sync id, n: the n threads (whole warps) that use barrier id meet (ID: known at compile time)
+template <int N>
+__device__ __forceinline__ void named_sync(int id) { wbemu::named_barrier(id, N); }
+template <int ID, int N>
+__device__ __forceinline__ void named_sync() { wbemu::named_barrier(ID, N); }
+#else
 __device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;"); }
 template <int N>
 __device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N)); }
+template <int N>
+__device__ __forceinline__ void named_sync(int id) {
+  asm volatile("bar.sync %0, %1;" ::"r"(id), "n"(N) : "memory");
+}
+template <int ID, int N>
+__device__ __forceinline__ void named_sync() {
+  asm volatile("bar.sync %0, %1;" ::"n"(ID), "n"(N) : "memory");
+}
+#endif
 
 // Four 8 x 8 tiles of 16-bit elements from shared memory (ldmatrix; lane l gives the row
 // address of tile l / 8, row l % 8, 16 bytes each): r[m] holds this lane's pair of tile m, row
 // lane / 4, elements 2 (lane % 4) and 2 (lane % 4) + 1 (TRANS: of the transposed tile).
 template <bool TRANS>
 __device__ __forceinline__ void ldsm4(uint32_t (&r)[4], const void* row) {
+#ifdef WB_MMA_EMU
+  wbemu::ldmatrix_x4<TRANS>(r, row);
+#else
   const unsigned a = (unsigned)__cvta_generic_to_shared(row);
   if constexpr (TRANS)
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
@@ -310,6 +347,7 @@ __device__ __forceinline__ void ldsm4(uint32_t (&r)[4], const void* row) {
   else
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
+#endif
 }
 // A pair of bf16 / fp16 values (low half first) as two tf32 operands (exact).
 template <typename T>
@@ -441,7 +479,9 @@ __device__ __forceinline__ void load_tile(T* dst, const T* src, long sst, int L,
   static_assert(NT % C4 == 0, "whole rows a step");
   const int r0 = (unsigned)tid / C4, c = ((unsigned)tid % C4) * E;
   T* d = dst + r0 * LD + c;
+#ifndef WB_MMA_EMU
   const unsigned ds = (unsigned)__cvta_generic_to_shared(d);
+#endif
   const T* s = src + r0 * sst + c;
   const long step = RS * sst;
 #pragma unroll
@@ -449,8 +489,12 @@ __device__ __forceinline__ void load_tile(T* dst, const T* src, long sst, int L,
     const int r = r0 + it * RS;
     if (ROWS % RS == 0 || r < ROWS) {
       if (FULL || r < L)
+#ifdef WB_MMA_EMU
+        wbemu::cp_async(d + it * RS * LD, s, 16);
+#else
         asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(
                          ds + (unsigned)(it * RS * LD * sizeof(T))), "l"(s));
+#endif
       else
         *reinterpret_cast<float4*>(d + it * RS * LD) = make_float4(0.f, 0.f, 0.f, 0.f);
     }
@@ -609,7 +653,7 @@ mma_prepare(const QT* __restrict__ q, const QT* __restrict__ k, const float* __r
             const Packed pk) {
   using S = PrepSmem<K, QT>;
   constexpr int SK = S::SK;
-  extern __shared__ float4 smem4[];
+  WB_DYNAMIC_SMEM(float4, smem4);
   float* sm = reinterpret_cast<float*>(smem4);
   QT* Ks = reinterpret_cast<QT*>(sm + S::Ks);  // [C][SK] keys as given
   QT* Qs = reinterpret_cast<QT*>(sm + S::Qs);  // [C][SK] queries as given
@@ -694,7 +738,7 @@ mma_prepare(const QT* __restrict__ q, const QT* __restrict__ k, const float* __r
     for (int i = 0; i < 16; ++i) Xs[(o + i) * kPS + o + j] = rtf32(x[i]);
     // (I + A)^-1, 32 columns per warp: warp 0 formed diagonal blocks 0-1 and warp 1 blocks 2-3,
     // and each warp's substitution reads all four, so the two warps meet first (named barrier)
-    asm volatile("bar.sync 1, 64;" ::: "memory");
+    named_sync<1, 64>();
     solve_block_columns<kTS>(As, Xs, Ts + 32 * w, out + 32 * w, kC, lane);
   } else {  // warps 2-7: P, one 16 x 32 tile each of the six on or below the diagonal
     const int x = w - 2, i0 = x < 4 ? 16 * x : 16 * (x - 2), j0 = x < 4 ? 0 : 32;
@@ -808,7 +852,7 @@ mma_pass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restric
   constexpr int SKK = P::SKK, SQ = M::SQ, SST = M::SST, SUT = M::SUT, SR = M::SR;
   constexpr int NT3 = (K == 128 ? BV : BV / 2) / 8;  // the update's n-tiles a warp
   static_assert(SQ == SKK, "keys and queries share the fragments' row stride");
-  extern __shared__ float4 smem4[];
+  WB_DYNAMIC_SMEM(float4, smem4);
   float* sm = reinterpret_cast<float*>(smem4);
   float* Ss = sm + M::Ss;  // [BV][SST]  tf32(state tile), transposed: the B operand of K S, Q S
   float* Ud = sm + M::Ud;  // [BV][SUT]  tf32(exp(gc_last - gc_j) nk_j U_j), transposed
@@ -1045,7 +1089,7 @@ mma_wpass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restri
   constexpr int NTH = 32 * NW, NS = K / 8, SKK = P::SKK, SVT = P::SVT;
   constexpr bool cq = is_f32<QT>;  // raw float32 q, k: rounded to tf32 at the fragment load
   constexpr bool kLdsm = !cq;  // 16-bit keys and queries: B fragments by ldmatrix
-  extern __shared__ float4 smem4[];
+  WB_DYNAMIC_SMEM(float4, smem4);
   float* sm = reinterpret_cast<float*>(smem4);
   const SeqAt sq = pass_seq(pk, blockIdx.x, HV, T, NC);
   const int b = sq.b, hv = blockIdx.x % HV, h = hv / (HV / H), tend = sq.first + sq.len;
@@ -1249,7 +1293,7 @@ mma_ppass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restri
   using P = WarpStage<K, QT, NP>;  // the block's 16 NP value columns
   constexpr int NTH = 64 * NP, NS = K / 8, NH = NS / 2, SKK = P::SKK, SVT = P::SVT;
   constexpr int kXch = 32 * 32;  // floats of one exchange buffer
-  extern __shared__ float4 smem4[];
+  WB_DYNAMIC_SMEM(float4, smem4);
   float* sm = reinterpret_cast<float*>(smem4);
   const SeqAt sq = pass_seq(pk, blockIdx.x, HV, T, NC);
   const int b = sq.b, hv = blockIdx.x % HV, h = hv / (HV / H), tend = sq.first + sq.len;
@@ -1271,7 +1315,7 @@ mma_ppass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restri
       a[nt][0] = x.x, a[nt][1] = x.y, a[nt][2] = x.z, a[nt][3] = x.w;
     }
   };
-  auto pair_sync = [&]() { asm volatile("bar.sync %0, 64;" ::"r"(1 + pr) : "memory"); };
+  auto pair_sync = [&]() { named_sync<64>(1 + pr); };
   float* st = state + gdn::state_index(sq.sb, hv, HV, K, V) + c0;
   float s[NH][4];  // element r of s[j]: column gq + 8 (r / 2), state row k0 + 8j + 2tq + (r % 2)
 #pragma unroll
@@ -1458,7 +1502,11 @@ cudaError_t allow_smem(F* kernel, size_t bytes) {
 
 
 int sm_count() {
+#ifdef WB_MMA_EMU
+  int sms = 0;  // the emulated device's (WB_EMU_SMS), read at each launch
+#else
   static int sms = 0;
+#endif
   if (!sms) {
     int dev = 0;
     if (cudaGetDevice(&dev) != cudaSuccess ||
@@ -1523,7 +1571,8 @@ cudaError_t launch_wpass(const GdnArgs* a, float* state, int seqs, int NC, const
     static_assert(bytes <= 227 * 1024, "the warp-resident pass's shared memory");
     cudaError_t err = allow_smem(mma_wpass<K, QT, NW>, bytes);
     if (err != cudaSuccess) return err;
-    mma_wpass<K, QT, NW><<<dim3(seqs * a->HV, a->V / (16 * NW)), 32 * NW, bytes, s>>>(
+    const dim3 grid(seqs * a->HV, a->V / (16 * NW));
+    WB_LAUNCH(grid, 32 * NW, bytes, s, mma_wpass<K, QT, NW>)(
         static_cast<const QT*>(a->q), static_cast<const QT*>(a->k), static_cast<const QT*>(a->v),
         a->tinv, state, a->o, a->T, a->H, a->HV, a->V, a->scale, a->o_dtype, NC, pk);
     return cudaSuccess;
@@ -1540,7 +1589,8 @@ cudaError_t launch_ppass(const GdnArgs* a, float* state, int seqs, int NC, const
     static_assert(bytes <= 227 * 1024, "the warp-pair pass's shared memory");
     cudaError_t err = allow_smem(mma_ppass<K, QT, NP>, bytes);
     if (err != cudaSuccess) return err;
-    mma_ppass<K, QT, NP><<<dim3(seqs * a->HV, a->V / (16 * NP)), 64 * NP, bytes, s>>>(
+    const dim3 grid(seqs * a->HV, a->V / (16 * NP));
+    WB_LAUNCH(grid, 64 * NP, bytes, s, mma_ppass<K, QT, NP>)(
         static_cast<const QT*>(a->q), static_cast<const QT*>(a->k), static_cast<const QT*>(a->v),
         a->tinv, state, a->o, a->T, a->H, a->HV, a->V, a->scale, a->o_dtype, NC, pk);
     return cudaSuccess;
@@ -1554,7 +1604,8 @@ cudaError_t launch_pass(const GdnArgs* a, float* state, int seqs, int NC, const 
   static_assert(bytes <= 227 * 1024, "the shared-memory pass's shared memory");
   cudaError_t err = allow_smem(mma_pass<K, QT, BV>, bytes);
   if (err != cudaSuccess) return err;
-  mma_pass<K, QT, BV><<<dim3(seqs * a->HV, a->V / BV), kThreads, bytes, s>>>(
+  const dim3 grid(seqs * a->HV, a->V / BV);
+  WB_LAUNCH(grid, kThreads, bytes, s, mma_pass<K, QT, BV>)(
       static_cast<const QT*>(a->q), static_cast<const QT*>(a->k), static_cast<const QT*>(a->v),
       a->tinv, state, a->o, a->T, a->H, a->HV, a->V, a->scale, a->o_dtype, NC, pk);
   return cudaSuccess;
@@ -1575,8 +1626,8 @@ cudaError_t launch_chunks(const GdnArgs* a, float* state, int seqs, int NC, cons
   if ((err = allow_smem(mma_prepare<K, QT>, s1)) != cudaSuccess) return err;
   // prepare: a block per chunk and head (packed: the launch's NC = pk.nc chunks, all sequences)
   const int chunks = pk.n ? NC : seqs * NC;
-  mma_prepare<K, QT><<<chunks * HV, kThreads, s1, s>>>(q, k, a->g, a->beta, a->nq, a->nk, a->tinv,
-                                                          a->T, a->H, HV, NC, pk);
+  WB_LAUNCH(chunks * HV, kThreads, s1, s, mma_prepare<K, QT>)(q, k, a->g, a->beta, a->nq, a->nk,
+                                                               a->tinv, a->T, a->H, HV, NC, pk);
   const int nw = pass_plan(seqs * HV, V, is_f32<QT>, sm_count());
   if (nw == 0) return launch_pass<K, QT, 32>(a, state, seqs, NC, pk, s);
   if (nw == 1) return launch_pass<K, QT, 16>(a, state, seqs, NC, pk, s);
@@ -1609,7 +1660,8 @@ int launch_mma(const GdnArgs* a, const int* cu, int nseq) {
   auto s = static_cast<cudaStream_t>(a->stream);
   if (a->nq) {  // the L2 norms of q and k, applied by the kernels
     const long rows = (long)a->B * a->T * a->H;
-    mma_l2_norms<QT><<<(unsigned)((rows + kThreads / 32 - 1) / (kThreads / 32)), kThreads, 0, s>>>(
+    const unsigned blocks = (unsigned)((rows + kThreads / 32 - 1) / (kThreads / 32));
+    WB_LAUNCH(blocks, kThreads, 0, s, mma_l2_norms<QT>)(
         static_cast<const QT*>(a->q), static_cast<const QT*>(a->k), a->nq, a->nk, rows, K);
   }
   Packed pk;

@@ -1,0 +1,112 @@
+// Checks of the host emulation of common/cuda_emu.h against the PTX ISA's definitions, written
+// independently of the kernels that use it (tests/kernels/emu/test_cuda_emu.py): the fragment
+// layouts of mma.sync m16n8k8 tf32 and ldmatrix .x4 (.trans), shuffles, cp.async groups, named
+// barriers, and that a barrier some threads never reach ends the launch with an error.
+#include "common/cuda_emu.h"
+
+namespace {
+
+// D (16 x 8) = A (16 x 8) B (8 x 8) + C by one mma, fragments built from the PTX ISA's tables
+// (row-major A, B and D in global memory), one warp.
+__global__ void mma_kernel(const float* A, const float* B, const float* C, float* D) {
+  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const uint32_t a[4] = {__float_as_uint(A[g * 8 + t]), __float_as_uint(A[(g + 8) * 8 + t]),
+                         __float_as_uint(A[g * 8 + t + 4]), __float_as_uint(A[(g + 8) * 8 + t + 4])};
+  const uint32_t b0 = __float_as_uint(B[t * 8 + g]), b1 = __float_as_uint(B[(t + 4) * 8 + g]);
+  float d[4] = {C[g * 8 + 2 * t], C[g * 8 + 2 * t + 1], C[(g + 8) * 8 + 2 * t],
+                C[(g + 8) * 8 + 2 * t + 1]};
+  wbemu::mma_m16n8k8_tf32(d, a, b0, b1);
+  D[g * 8 + 2 * t] = d[0];
+  D[g * 8 + 2 * t + 1] = d[1];
+  D[(g + 8) * 8 + 2 * t] = d[2];
+  D[(g + 8) * 8 + 2 * t + 1] = d[3];
+}
+
+// Four 8 x 8 tiles of 16-bit values v(m, row, col) = 64 m + 8 row + col in shared memory (rows of
+// 16 elements, tile m at rows 8 m..); out[lane][m] the registers of an ldmatrix .x4 (TRANS).
+template <bool TRANS>
+__global__ void ldsm_kernel(uint32_t* out) {
+  WB_DYNAMIC_SMEM(uint16_t, sm);
+  const int lane = threadIdx.x % 32;
+  for (int i = lane; i < 32 * 16; i += 32) {
+    const int row = i / 16, col = i % 16;
+    sm[i] = col < 8 ? (uint16_t)(64 * (row / 8) + 8 * (row % 8) + col) : 0xffff;
+  }
+  __syncwarp();
+  uint32_t r[4];
+  wbemu::ldmatrix_x4<TRANS>(r, sm + lane * 16);  // lane l: row l % 8 of tile l / 8
+  for (int m = 0; m < 4; ++m) out[lane * 4 + m] = r[m];
+}
+
+__global__ void shfl_kernel(float* out) {
+  const int lane = threadIdx.x % 32;
+  out[lane] = __shfl_xor_sync(0xffffffffu, (float)lane, 5);
+  out[32 + lane] = __shfl_up_sync(0xffffffffu, (float)lane, 3);
+}
+
+// cp.async: the copy lands at the wait (late) or at the issue (eager); out[0] what the thread read
+// before waiting, out[1] after.
+__global__ void cp_kernel(const float* src, float* out) {
+  WB_DYNAMIC_SMEM(float, sm);
+  if (threadIdx.x == 0) {
+    sm[0] = -1.f;
+    sm[1] = sm[2] = sm[3] = 0.f;
+    wbemu::cp_async(sm, src, 16);
+    wbemu::cp_async_commit();
+    out[0] = sm[0];
+    wbemu::cp_async_wait(0);
+    out[1] = sm[0];
+  }
+}
+
+// Two pairs of warps at named barriers 1 and 2; each warp adds to a counter of its pair before
+// the barrier and reads it after: every reader sees both warps' additions.
+__global__ void named_kernel(int* out) {
+  WB_DYNAMIC_SMEM(int, sm);
+  const int w = threadIdx.x / 32, lane = threadIdx.x % 32, pair = w / 2;
+  if (threadIdx.x < 2) sm[threadIdx.x] = 0;
+  __syncthreads();
+  if (lane == 0) sm[pair] += 1;
+  wbemu::named_barrier(1 + pair, 64);
+  if (lane == 0) out[w] = sm[pair];
+}
+
+// Warps 1.. leave before the block barrier warp 0 waits at.
+__global__ void deadlock_kernel(int* out) {
+  if (threadIdx.x >= 32) return;
+  __syncthreads();
+  out[0] = 1;
+}
+
+}  // namespace
+
+extern "C" {
+
+// D = A B + C for the given 16 x 8, 8 x 8, 16 x 8 row-major matrices; status
+int emu_mma(const float* A, const float* B, const float* C, float* D) {
+  WB_LAUNCH(1, 32, 0, nullptr, mma_kernel)(A, B, C, D);
+  return cudaGetLastError();
+}
+int emu_ldmatrix(int trans, uint32_t* out) {
+  if (trans) WB_LAUNCH(1, 32, 32 * 16 * 2, nullptr, ldsm_kernel<true>)(out);
+  else WB_LAUNCH(1, 32, 32 * 16 * 2, nullptr, ldsm_kernel<false>)(out);
+  return cudaGetLastError();
+}
+int emu_shfl(float* out) {
+  WB_LAUNCH(1, 32, 0, nullptr, shfl_kernel)(out);
+  return cudaGetLastError();
+}
+int emu_cp_async(const float* src, float* out) {
+  WB_LAUNCH(1, 32, 16, nullptr, cp_kernel)(src, out);
+  return cudaGetLastError();
+}
+int emu_named_barriers(int* out) {
+  WB_LAUNCH(1, 128, 8, nullptr, named_kernel)(out);
+  return cudaGetLastError();
+}
+int emu_deadlock(int* out) {
+  WB_LAUNCH(1, 64, 0, nullptr, deadlock_kernel)(out);
+  return cudaGetLastError();
+}
+const char* emu_last_failure(void) { return wbemu::last_failure().c_str(); }
+}
