@@ -772,8 +772,9 @@ mma_prepare(const QT* __restrict__ q, const QT* __restrict__ k, const float* __r
             make_float2(rtf32(acc[0][nt][2 * hf]), rtf32(acc[0][nt][2 * hf + 1]));
       }
   }
-  {  // the passes' per-position factors (kFac), by the expressions the passes formed them with
-     // from the decays, beta and norm factors they staged (gc 0, beta 0, norms 1 past the end)
+  {  // the passes' per-position factors (kFac): the expressions the passes evaluated themselves
+     // until 2026-12-05, on the values they staged then (past the chunk's end gc 0, beta 0 and
+     // norm factors 1), so the bits are theirs (benchmarks/gdn_emu_bitwise.py)
     const float gl = gc[L - 1];
     for (int idx = tid; idx < kFacRows * kC; idx += kThreads) {
       const int part = idx / kC, i = idx % kC;
