@@ -106,7 +106,9 @@ inline __half __ushort_as_half(unsigned short u) { return __half{u}; }
 inline float2 __bfloat1622float2(__nv_bfloat162 p) {
   return make_float2(__bfloat162float(p.x), __bfloat162float(p.y));
 }
-inline float2 __half22float2(__half2 p) { return make_float2(__half2float(p.x), __half2float(p.y)); }
+inline float2 __half22float2(__half2 p) {
+  return make_float2(__half2float(p.x), __half2float(p.y));
+}
 inline __nv_bfloat162 __floats2bfloat162_rn(float a, float b) {
   return __nv_bfloat162{__float2bfloat16_rn(a), __float2bfloat16_rn(b)};
 }
@@ -249,7 +251,8 @@ inline void trampoline() {
 inline cudaError_t run_grid(dim3 grid, dim3 block, size_t smem, const std::function<void()>& body) {
   const int nt = (int)(block.x * block.y * block.z);
   if (nt < 1 || nt > 32 * kMaxWarps || nt % 32) {
-    last_failure() = "block of " + std::to_string(nt) + " threads (the emulation takes whole warps, up to 1024)";
+    last_failure() = "block of " + std::to_string(nt) +
+                     " threads (the emulation takes whole warps, up to 1024)";
     return last_error() = cudaErrorInvalidValue;
   }
   static thread_local std::vector<Fiber> fibers;

@@ -810,16 +810,41 @@ struct PassStage {
   static_assert(Tv % 4 == 0 && Vt % 4 == 0 && F % 4 == 0, "16-byte stage rows");
 };
 
-// The stages, then the chunk's queries (one buffer: the next chunk's are copied once this one's
-// are used), the rounded state and the block's intermediates. Offsets in floats. SR: the row
-// stride of the C x BV tiles R and U (4 mod 16: B operands).
+// The 16-column blocks with 16-bit inputs stage leanly: only the keys and the factor rows have two
+// buffers; Tinv / PT and the value columns have one, refilled once the chunk is done with them (V
+// after R, Tinv and PT after U and o), so that two blocks fit on an SM (110.5 KiB of shared memory
+// at K = 128, at most 128 registers a thread: 16 warps an SM).
+template <int K, typename QT, int BV>
+constexpr bool pass_lean = BV == 16 && !is_f32<QT>;
+
+// The chunk's inputs (two stages; lean: [keys 0][keys 1][factors 0][factors 1][Tinv][PT][V]),
+// then the chunk's queries (one buffer: the next chunk's are copied once this one's are used),
+// the rounded state and the block's intermediates. Offsets in floats; keys(n) .. vals(n): where
+// chunk n's inputs lie. SR: the row stride of the C x BV tiles R and U (4 mod 16: B operands).
 template <int K, typename QT, int BV>
 struct PassSmem {
   using P = PassStage<K, QT, BV>;
+  static constexpr bool lean = pass_lean<K, QT, BV>;
   static constexpr int SQ = is_f32<QT> ? K + 4 : K + 8, SST = is_f32<QT> ? K + 4 : K + 8,
                        SUT = kC + 8, SR = BV + 4;
-  static constexpr int Qs = 2 * P::floats, Ss = Qs + kC * SQ * (int)sizeof(QT) / 4,
+  static constexpr int KS = kC * P::SKK * (int)sizeof(QT) / 4, FS = kFacRows * kC,
+                       LF = 2 * KS, LT = LF + 2 * FS, LV = LT + 2 * kC * kPS,
+                       inputs = lean ? LV + kC * P::SVT * (int)sizeof(QT) / 4 : 2 * P::floats;
+  static constexpr int Qs = inputs, Ss = Qs + kC * SQ * (int)sizeof(QT) / 4,
                        Ud = Ss + BV * SST, Rs = Ud + BV * SUT, floats = Rs + kC * SR;
+  static_assert(KS % 4 == 0 && LT % 4 == 0 && LV % 4 == 0 && Qs % 4 == 0, "16-byte rows");
+  __host__ __device__ static constexpr int keys(int n) {
+    return lean ? (n & 1) * KS : (n & 1) * P::floats + P::Kk;
+  }
+  __host__ __device__ static constexpr int facs(int n) {
+    return lean ? LF + (n & 1) * FS : (n & 1) * P::floats + P::F;
+  }
+  __host__ __device__ static constexpr int tinv(int n) {
+    return lean ? LT : (n & 1) * P::floats + P::Tv;
+  }
+  __host__ __device__ static constexpr int vals(int n) {
+    return lean ? LV : (n & 1) * P::floats + P::Vt;
+  }
 };
 
 // The chunk recurrence after prepare, one block of 8 warps per (b, hv, BV value columns),
@@ -840,9 +865,11 @@ struct PassSmem {
 // are bit for bit those of the 32-column pass).
 // The state rows of the update, 8 warps over K x BV: K = 128: rows 16 w.., all BV columns;
 // K = 64: rows 16 (w % 4).., columns (BV / 2) (w / 4)... Three block barriers a chunk; the next
-// chunk's inputs are copied (cp.async) while this one computes.
+// chunk's inputs are copied (cp.async) while this one computes (lean staging: its keys and
+// factors from the first barrier on, V from the second, Tinv and PT from the third, the latter
+// waited for at the next chunk's second barrier; two blocks an SM).
 template <int K, typename QT, int BV>
-__global__ void __launch_bounds__(kThreads, 1)
+__global__ void __launch_bounds__(kThreads, pass_lean<K, QT, BV> ? 2 : 1)
 mma_pass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restrict__ v,
          const float* __restrict__ tinv, float* __restrict__ state, void* __restrict__ o, int T,
          int H, int HV, int V, float scale, int odt, int NC, const Packed pk) {
@@ -877,26 +904,39 @@ mma_pass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restric
       s[0][nt][2 * hf] = x.x;
       s[0][nt][2 * hf + 1] = x.y;
     }
+  // chunk n's copies: its keys and factors (and but for lean staging Tinv, PT and V) ...
   auto issue = [&](int n) {
     const int t0 = sq.first + n * kC, L = gdn::imin(kC, tend - t0);
-    float* sb = sm + (n & 1) * P::floats;
-    load_tile<kC, K, SKK>(reinterpret_cast<QT*>(sb + P::Kk), k + gdn::qk_index(b, t0, h, T, H, K),
-                          (long)H * K, L, tid);
+    load_tile<kC, K, SKK>(reinterpret_cast<QT*>(sm + M::keys(n)),
+                          k + gdn::qk_index(b, t0, h, T, H, K), (long)H * K, L, tid);
     const float* ws = tinv + (sq.crow + n) * kChunkWs;
-    load_tile<2 * kC, kC, kPS, kThreads, true>(sb + P::Tv, ws, kC, 2 * kC, tid);  // Tinv and PT
-    load_tile<kFacRows, kC, kC, kThreads, true>(sb + P::F, ws + kFac, kC, kFacRows, tid);
-    load_tile<kC, BV, P::SVT>(reinterpret_cast<QT*>(sb + P::Vt),
-                              v + gdn::v_index(b, t0, hv, T, HV, V) + c0, (long)HV * V, L, tid);
+    if constexpr (!M::lean)  // Tinv and PT
+      load_tile<2 * kC, kC, kPS, kThreads, true>(sm + M::tinv(n), ws, kC, 2 * kC, tid);
+    load_tile<kFacRows, kC, kC, kThreads, true>(sm + M::facs(n), ws + kFac, kC, kFacRows, tid);
+    if constexpr (!M::lean)
+      load_tile<kC, BV, P::SVT>(reinterpret_cast<QT*>(sm + M::vals(n)),
+                                v + gdn::v_index(b, t0, hv, T, HV, V) + c0, (long)HV * V, L, tid);
     cp_commit();
   };
+  // ... its queries (and for lean staging V) ...
   auto issue_q = [&](int n) {
     const int t0 = sq.first + n * kC, L = gdn::imin(kC, tend - t0);
     load_tile<kC, K, SQ>(Qs, q + gdn::qk_index(b, t0, h, T, H, K), (long)H * K, L, tid);
+    if constexpr (M::lean)
+      load_tile<kC, BV, P::SVT>(reinterpret_cast<QT*>(sm + M::vals(n)),
+                                v + gdn::v_index(b, t0, hv, T, HV, V) + c0, (long)HV * V, L, tid);
+    cp_commit();
+  };
+  // ... and for lean staging Tinv and PT, a copy group each
+  auto issue_t = [&](int n) {
+    load_tile<2 * kC, kC, kPS, kThreads, true>(sm + M::tinv(n), tinv + (sq.crow + n) * kChunkWs,
+                                               kC, 2 * kC, tid);
     cp_commit();
   };
   if (sq.nc > 0) {
     issue(0);
     issue_q(0);
+    if constexpr (M::lean) issue_t(0);
   }
   for (int n = 0; n < sq.nc; ++n) {
     const int t0 = sq.first + n * kC, L = gdn::imin(kC, tend - t0);
@@ -909,14 +949,15 @@ mma_pass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restric
         Ss[c * SST + r] = rtf32(s[0][nt][2 * hf]);
         Ss[(c + 1) * SST + r] = rtf32(s[0][nt][2 * hf + 1]);
       }
-    cp_wait<0>();
+    if constexpr (M::lean) cp_wait<1>();  // all but this chunk's Tinv and PT
+    else cp_wait<0>();
     __syncthreads();  // this chunk's inputs and S are in place; the other stage is free
     if (n + 1 < sq.nc) issue(n + 1);
-    const float* sb = sm + (n & 1) * P::floats;
-    const QT* Kc = reinterpret_cast<const QT*>(sb + P::Kk);
-    const QT* Vc = reinterpret_cast<const QT*>(sb + P::Vt);
+    const QT* Kc = reinterpret_cast<const QT*>(sm + M::keys(n));
+    const QT* Vc = reinterpret_cast<const QT*>(sm + M::vals(n));
+    const float* Tc = sm + M::tinv(n);  // Tinv, then PT
     // the chunk's factors: exp(gc) nk, exp(gc) nq, beta, exp(gc_last - gc) nk, exp(gc_last)
-    const float *fek = sb + P::F, *feq = fek + kC, *fbt = feq + kC, *fd = fbt + kC;
+    const float *fek = sm + M::facs(n), *feq = fek + kC, *fbt = feq + kC, *fd = fbt + kC;
     float o1[1][2][4];  // exp(gc_i) nq_i (Q S)_i, the inter-chunk part of o
     const float* sbn = Ss + n1 * SST;
     if constexpr (!kHalf) {
@@ -989,20 +1030,23 @@ mma_pass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restric
         }
       }
     }
-    __syncthreads();  // R is complete; every warp is done with the queries
+    if constexpr (M::lean) {  // this chunk's Tinv and PT (the next chunk's keys may be in flight)
+      if (n + 1 < sq.nc) cp_wait<1>();
+      else cp_wait<0>();
+    }
+    __syncthreads();  // R is complete; every warp is done with the queries (and V)
     if (n + 1 < sq.nc) issue_q(n + 1);
     {  // U = Tinv R and PT R (both lower triangular: depth r1 + 16)
       float u[1][2][4], y[1][2][4];
       zero(u);
       zero(y);
       if constexpr (!kHalf)  // sharing R's fragments
-        gemm_pair<2, 0, kPS, 1, SR, 1, false, false>(u, y, sb + P::Tv + r1 * kPS,
-                                                     sb + P::PTv + r1 * kPS, Rs + n1, r1 + 16,
-                                                     lane);
+        gemm_pair<2, 0, kPS, 1, SR, 1, false, false>(u, y, Tc + r1 * kPS, Tc + (kC + r1) * kPS,
+                                                     Rs + n1, r1 + 16, lane);
       else if (!qrole)
-        gemm_one<2, 0, kPS, 1, SR, 1, false, false>(u, sb + P::Tv + r1 * kPS, Rs, r1 + 16, lane);
+        gemm_one<2, 0, kPS, 1, SR, 1, false, false>(u, Tc + r1 * kPS, Rs, r1 + 16, lane);
       else
-        gemm_one<2, 0, kPS, 1, SR, 1, false, false>(y, sb + P::PTv + r1 * kPS, Rs, r1 + 16, lane);
+        gemm_one<2, 0, kPS, 1, SR, 1, false, false>(y, Tc + (kC + r1) * kPS, Rs, r1 + 16, lane);
       if (!qrole) {
 #pragma unroll
         for (int hf = 0; hf < 2; ++hf) {
@@ -1032,7 +1076,9 @@ mma_pass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restric
         });
       }
     }
-    __syncthreads();  // Ud is complete
+    __syncthreads();  // Ud is complete; every warp is done with Tinv and PT
+    if constexpr (M::lean)
+      if (n + 1 < sq.nc) issue_t(n + 1);
     // S <- exp(gc_last) S + K^T Ud (A(i, j) = K[j][i], raw keys rounded at the fragment load)
     const float el = fd[kC];
 #pragma unroll
@@ -1307,7 +1353,8 @@ mma_ppass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restri
   auto put8 = [](float* buf, const float (&a)[8][4]) {
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt)
-      *reinterpret_cast<float4*>(buf + nt * 128) = make_float4(a[nt][0], a[nt][1], a[nt][2], a[nt][3]);
+      *reinterpret_cast<float4*>(buf + nt * 128) =
+          make_float4(a[nt][0], a[nt][1], a[nt][2], a[nt][3]);
   };
   auto get8 = [](const float* buf, float (&a)[8][4]) {
 #pragma unroll
@@ -1408,7 +1455,8 @@ mma_ppass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restri
         for (int e = 0; e < 2; ++e) {
           const float eq = feq[8 * nt + 2 * tq + e];
 #pragma unroll
-          for (int hf = 0; hf < 2; ++hf) y[nt][2 * hf + e] = eq * (ya[nt][2 * hf + e] + y[nt][2 * hf + e]);
+          for (int hf = 0; hf < 2; ++hf)
+            y[nt][2 * hf + e] = eq * (ya[nt][2 * hf + e] + y[nt][2 * hf + e]);
         }
     }
     pair_sync();  // R^T is in X; the second half is done with Y
@@ -1603,6 +1651,8 @@ cudaError_t launch_pass(const GdnArgs* a, float* state, int seqs, int NC, const 
                         cudaStream_t s) {
   constexpr size_t bytes = sizeof(float) * PassSmem<K, QT, BV>::floats;
   static_assert(bytes <= 227 * 1024, "the shared-memory pass's shared memory");
+  // lean staging: two blocks an SM (228 KiB an SM, 1 KiB of it reserved a block)
+  static_assert(!pass_lean<K, QT, BV> || 2 * (bytes + 1024) <= 228 * 1024, "two blocks an SM");
   cudaError_t err = allow_smem(mma_pass<K, QT, BV>, bytes);
   if (err != cudaSuccess) return err;
   const dim3 grid(seqs * a->HV, a->V / BV);
@@ -1737,10 +1787,11 @@ int gdn_chunked_mma_cuda(const GdnArgs* a) { return launch_mma_dtype(a, nullptr,
 
 // The same over a packed batch (varlen): B = 1, n sequences at token offsets cu[0..n] (host
 // memory: cu[0] = 0, non-decreasing, cu[n] = T), each chunked from its own first token, state
-// [n,HV,K,V] (in/out; an empty sequence's is left as it is), tinv [HV,NCS,gdn_mma_chunk_workspace()]
-// with NCS the most chunks of one launch (a sequence: ceil(length / 64); launches reuse it). Each sequence's arithmetic is the one of a
-// batch of that sequence alone, on the pass the launch takes (gdn_mma_pass_plan with BH = HV
-// times the launch's sequences). One launch of prepare and the pass per 128 sequences. Returns
+// [n,HV,K,V] (in/out; an empty sequence's is left as it is), tinv
+// [HV,NCS,gdn_mma_chunk_workspace()] with NCS the most chunks of one launch (a sequence:
+// ceil(length / 64); launches reuse it). Each sequence's arithmetic is the one of a batch of that
+// sequence alone, on the pass the launch takes (gdn_mma_pass_plan with BH = HV times the
+// launch's sequences). One launch of prepare and the pass per 128 sequences. Returns
 // as gdn_chunked_mma_cuda, and WB_ERR_ARGUMENT for B != 1 or offsets out of order.
 int gdn_chunked_mma_varlen_cuda(const GdnArgs* a, const int* cu, int n) {
   if (a->B != 1 || !cu || n < 1 || cu[0] != 0 || cu[n] != a->T) return WB_ERR_ARGUMENT;

@@ -120,8 +120,10 @@ def test_emulated_schedules_change_nothing(mma_pass, monkeypatch):
 MUTATIONS = [
     # the shared-memory pass waits for all but the newest copy group: this chunk's stage may not
     # have landed
-    ("    cp_wait<0>();\n    __syncthreads();  // this chunk's inputs and S are in place",
-     "    cp_wait<1>();\n    __syncthreads();  // mutant", 1),
+    ("    else cp_wait<0>();\n    __syncthreads();  // this chunk's inputs and S are in place",
+     "    else cp_wait<1>();\n    __syncthreads();  // mutant", 1),
+    # its 16-column blocks (lean staging) do not wait for this chunk's Tinv and PT
+    ("      if (n + 1 < sq.nc) cp_wait<1>();\n      else cp_wait<0>();\n", "", 1),
     # the warp-resident and warp-pair passes copy the next stage before the block barrier: into
     # the buffer slower warps still read
     ("    cp_wait<0>();\n    __syncthreads();  // this chunk's stage is in place; every warp is done "
@@ -134,9 +136,10 @@ MUTATIONS = [
 
 @pytest.mark.slow
 def test_emulation_catches_mutants(tmp_path, monkeypatch):
-    """The schedules above are not vacuous: gdn_mma.cu with a wait or a barrier taken out, built
-    under the emulation, gives wrong results where the schedule exposes it (a late copy for the
-    missing wait, drifting warps for the early copy, any schedule for the missing pair barrier)."""
+    """The schedules above are not vacuous: gdn_mma.cu with two waits and two barriers taken out,
+    built under the emulation, gives wrong results where the schedule exposes it (late copies for
+    the missing waits, drifting warps for the early copy, any schedule for the missing pair
+    barrier)."""
     import ctypes
     import subprocess
 
@@ -157,9 +160,9 @@ def test_emulation_catches_mutants(tmp_path, monkeypatch):
     monkeypatch.setenv("WB_EMU_SMS", "1")
     x = make_inputs(1, 200, 1, 2, 64, 64, dtype=torch.bfloat16, state=True, seed=7)
     ro, _ = oracle.chunked(**x, qk_l2norm=True)
-    good = {p: run(x, p, monkeypatch)[0] for p in ("smem", "warp", "pair")}
-    for p, sched, cp in (("smem", "lockstep", "late"), ("warp", "skew", "eager"),
-                         ("pair", "lockstep", "late")):
+    good = {p: run(x, p, monkeypatch)[0] for p in ("smem", "smem16", "warp", "pair")}
+    for p, sched, cp in (("smem", "lockstep", "late"), ("smem16", "lockstep", "late"),
+                         ("warp", "skew", "eager"), ("pair", "lockstep", "late")):
         monkeypatch.setenv("WB_EMU_SCHED", sched)
         monkeypatch.setenv("WB_EMU_CP", cp)
         assert workbench.compare(ro, good[p]).rel_l2 <= 5e-3
