@@ -91,6 +91,7 @@ inline __nv_bfloat16 __float2bfloat16_rn(float f) {
   u += 0x7fffu + ((u >> 16) & 1u);
   return __nv_bfloat16{(uint16_t)(u >> 16)};
 }
+#if defined(__FLT16_MAX__)  // the compiler's own binary16 (g++ >= 12 on x86-64)
 inline float __half2float(__half h) {
   _Float16 x;
   memcpy(&x, &h.r, 2);
@@ -102,6 +103,25 @@ inline __half __float2half_rn(float f) {
   memcpy(&h.r, &x, 2);
   return h;
 }
+#else  // by hand: binary16 from and to float32, to nearest even, subnormals, inf and nan
+inline float __half2float(__half h) {
+  const uint32_t sign = (uint32_t)(h.r & 0x8000u) << 16, e = (h.r >> 10) & 0x1fu, m = h.r & 0x3ffu;
+  if (e == 0x1f) return __uint_as_float(sign | 0x7f800000u | (m << 13));
+  if (e == 0) return sign ? -ldexpf((float)m, -24) : ldexpf((float)m, -24);
+  return __uint_as_float(sign | ((e + 112) << 23) | (m << 13));
+}
+inline __half __float2half_rn(float f) {
+  const uint32_t u = __float_as_uint(f), sign = (u >> 16) & 0x8000u, a = u & 0x7fffffffu;
+  if (a > 0x7f800000u) return __half{(uint16_t)(sign | 0x7e00u)};  // nan
+  if (a >= 0x477ff000u) return __half{(uint16_t)(sign | 0x7c00u)};  // rounds to inf
+  if (a < 0x38800000u) {  // a subnormal half (or zero): in units of 2^-24, to nearest even
+    const float q = __uint_as_float(a) * 16777216.0f;  // exact: a power-of-two scale
+    return __half{(uint16_t)(sign | (uint32_t)nearbyintf(q))};
+  }
+  uint32_t r = a + 0xfffu + ((a >> 13) & 1u);  // to nearest even at bit 13
+  return __half{(uint16_t)(sign | ((r - 0x38000000u) >> 13))};
+}
+#endif
 inline __half __ushort_as_half(unsigned short u) { return __half{u}; }
 inline float2 __bfloat1622float2(__nv_bfloat162 p) {
   return make_float2(__bfloat162float(p.x), __bfloat162float(p.y));
