@@ -141,7 +141,11 @@ inline __half2 __floats2half2_rn(float a, float b) {
 typedef int cudaError_t;
 enum : int { cudaSuccess = 0, cudaErrorInvalidValue = 1, cudaErrorLaunchFailure = 719 };
 typedef void* cudaStream_t;
-enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize = 8 };
+enum cudaFuncAttribute {
+  cudaFuncAttributeMaxDynamicSharedMemorySize = 8,
+  cudaFuncAttributePreferredSharedMemoryCarveout = 9
+};
+enum cudaSharedCarveout { cudaSharedmemCarveoutMaxShared = 100 };
 enum cudaDeviceAttr { cudaDevAttrMultiProcessorCount = 16 };
 
 namespace wbemu {

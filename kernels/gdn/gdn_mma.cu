@@ -1655,6 +1655,10 @@ cudaError_t launch_pass(const GdnArgs* a, float* state, int seqs, int NC, const 
   static_assert(!pass_lean<K, QT, BV> || 2 * (bytes + 1024) <= 228 * 1024, "two blocks an SM");
   cudaError_t err = allow_smem(mma_pass<K, QT, BV>, bytes);
   if (err != cudaSuccess) return err;
+  if constexpr (pass_lean<K, QT, BV>)  // all of the SM's on-chip memory as shared memory: 2 blocks
+    err = cudaFuncSetAttribute(mma_pass<K, QT, BV>, cudaFuncAttributePreferredSharedMemoryCarveout,
+                               (int)cudaSharedmemCarveoutMaxShared);
+  if (err != cudaSuccess) return err;
   const dim3 grid(seqs * a->HV, a->V / BV);
   WB_LAUNCH(grid, kThreads, bytes, s, mma_pass<K, QT, BV>)(
       static_cast<const QT*>(a->q), static_cast<const QT*>(a->k), static_cast<const QT*>(a->v),
