@@ -7,6 +7,9 @@
 #                                                       # gdn_pass_ab: smem smem16 warp pair auto vs fla
 #   OUT=$OUT bash benchmarks/gdn_gpu_session.sh matrix [shape filters...]
 #                                                       # gdn_matrix prefill rows vs fla
+#   OUT=$OUT bash benchmarks/gdn_gpu_session.sh phases [passes...]
+#                                                       # prepare / pass GPU time at B1 T8192 HV32,
+#                                                       # each pass forced (default: all four)
 #
 # Run from the repository root with the packages of ../shared/GPU.md on PYTHONPATH (numpy 2.4,
 # fla 0.6.0). Each mode stops at its own time limit (SESSION_LIMIT seconds, default 500) so that
@@ -53,8 +56,19 @@ case "$mode" in
     [ $# -gt 0 ] && args+=(--only "$@")
     timeout "$limit" python3 benchmarks/gdn_matrix.py "${args[@]}" 2>&1 | tail -20
     ;;
+  phases)
+    f="$out/gdn-phases-$day.txt"
+    passes=("$@")
+    [ ${#passes[@]} -eq 0 ] && passes=(smem smem16 warp pair)
+    { header "python3 benchmarks/gdn_phases.py --T 8192 --kernels (WORKBENCH_GDN_MMA_PASS each of ${passes[*]})"
+      for p in "${passes[@]}"; do
+        echo "## WORKBENCH_GDN_MMA_PASS=$p"
+        WORKBENCH_GDN_MMA_PASS=$p timeout "$limit" python3 benchmarks/gdn_phases.py --T 8192 --kernels 2>&1 | tail -12
+      done; } > "$f"
+    cat "$f"
+    ;;
   *)
-    echo "usage: OUT=dir bash benchmarks/gdn_gpu_session.sh tests|ab|matrix [shape filters...]" >&2
+    echo "usage: OUT=dir bash benchmarks/gdn_gpu_session.sh tests|ab|matrix|phases [args...]" >&2
     exit 2
     ;;
 esac
