@@ -4,7 +4,17 @@
 // the recurrence (prefill and batched decode, T = 1) keeps the state in registers: a block of
 // 4 warps owns 32 value columns (one per lane, so state loads are coalesced rows) and each warp
 // one quarter of the K rows; partial dot products meet in shared memory.
+#ifdef WB_CUDA_EMU
+// the host emulation of CUDA, for CPU tests (gdn_cuda_emu.cpp): blocks run one after another,
+// so a kernel's static shared arrays are function statics there
+#include "common/cuda_emu.h"
+#define WB_STATIC_SMEM static
+#else
 #include <cuda_runtime.h>
+#define WB_LAUNCH(g, b, m, s, ...) __VA_ARGS__<<<g, b, m, s>>>
+#define WB_DYNAMIC_SMEM(T, name) extern __shared__ T name[]
+#define WB_STATIC_SMEM __shared__
+#endif
 
 #include "common/wb_elem.h"
 
@@ -34,8 +44,8 @@ recurrent_kernel(const void* __restrict__ q, const void* __restrict__ k,
                  int V, float scale, int in_dt, int g_dt, int beta_dt, int o_dt, int l2,
                  int zero) {
   constexpr int RK = K / kSlices;
-  __shared__ float ks[K], qs[K], nrm[2];
-  __shared__ Acc red[kSlices][kLanes];
+  WB_STATIC_SMEM float ks[K], qs[K], nrm[2];
+  WB_STATIC_SMEM Acc red[kSlices][kLanes];
   const int b = blockIdx.x / HV, hv = blockIdx.x % HV, h = hv / (HV / H);
   const int lane = threadIdx.x % kLanes, w = threadIdx.x / kLanes;
   const int c = blockIdx.y * kLanes + lane;
@@ -106,7 +116,7 @@ template <typename Acc>
 __global__ void __launch_bounds__(256)
 prepare_kernel(const float* k, const float* v, const float* g, const float* beta, float* gcum,
                float* W, float* U, int T, int H, int HV, int K, int V, int C, int NC) {
-  extern __shared__ float smem[];
+  WB_DYNAMIC_SMEM(float, smem);
   const int bh = blockIdx.x / NC, n = blockIdx.x % NC;
   gdn::chunk_prepare<Acc>(k, v, g, beta, gcum, W, U, T, H, HV, K, V, C, bh / HV, bh % HV, n,
                           threadIdx.x, blockDim.x, BlockSync{}, smem, true);
@@ -116,7 +126,7 @@ template <typename Acc>
 __global__ void __launch_bounds__(128)
 state_pass_kernel(const float* q, const float* k, const float* gcum, const float* W, float* U,
                   float* o, float* state, int T, int H, int HV, int K, int V, int C, int BV) {
-  extern __shared__ float smem[];
+  WB_DYNAMIC_SMEM(float, smem);
   gdn::chunk_state_pass<Acc>(q, k, gcum, W, U, o, state, T, H, HV, K, V, C, blockIdx.x / HV,
                              blockIdx.x % HV, blockIdx.y * BV, BV, threadIdx.x, blockDim.x,
                              BlockSync{}, smem, true);
@@ -126,7 +136,7 @@ template <typename Acc>
 __global__ void __launch_bounds__(256)
 output_kernel(const float* q, const float* k, const float* gcum, const float* U, float* o, int T,
               int H, int HV, int K, int V, float scale, int C, int NC) {
-  extern __shared__ float smem[];
+  WB_DYNAMIC_SMEM(float, smem);
   const int bh = blockIdx.x / NC, n = blockIdx.x % NC;
   gdn::chunk_output<Acc>(q, k, gcum, U, o, T, H, HV, K, V, scale, C, bh / HV, bh % HV, n,
                          threadIdx.x, blockDim.x, BlockSync{}, smem, true);
@@ -142,7 +152,7 @@ int launch_recurrent(const GdnArgs* a, cudaStream_t stream) {
   const dim3 grid(a->B * a->HV, (a->V + kLanes - 1) / kLanes), block(kLanes * kSlices);
 #define GDN_CASE(KK)                                                                           \
   case KK:                                                                                     \
-    recurrent_kernel<KK, Acc><<<grid, block, 0, stream>>>(                                     \
+    WB_LAUNCH(grid, block, 0, stream, recurrent_kernel<KK, Acc>)(                              \
         a->q, a->k, a->v, a->g, a->beta, a->o, a->h0, a->state, a->T, a->H, a->HV, a->V,       \
         a->scale, a->in_dtype, a->g_dtype, a->beta_dtype, a->o_dtype, a->qk_l2norm, a->zero_state); \
     break;
@@ -168,12 +178,13 @@ int launch_chunked(const float* q, const float* k, const float* v, const float* 
   if ((err = allow_smem(prepare_kernel<Acc>, s1)) != cudaSuccess) return (int)err;
   if ((err = allow_smem(state_pass_kernel<Acc>, s2)) != cudaSuccess) return (int)err;
   if ((err = allow_smem(output_kernel<Acc>, s3)) != cudaSuccess) return (int)err;
-  prepare_kernel<Acc><<<B * HV * NC, 256, s1, stream>>>(k, v, g, beta, gcum, W, U, T, H, HV, K, V,
-                                                         C, NC);
-  state_pass_kernel<Acc><<<dim3(B * HV, (V + BV - 1) / BV), 128, s2, stream>>>(
-      q, k, gcum, W, U, o, state, T, H, HV, K, V, C, BV);
-  output_kernel<Acc><<<B * HV * NC, 256, s3, stream>>>(q, k, gcum, U, o, T, H, HV, K, V, scale, C,
-                                                        NC);
+  WB_LAUNCH(B * HV * NC, 256, s1, stream, prepare_kernel<Acc>)(k, v, g, beta, gcum, W, U, T, H, HV,
+                                                                K, V, C, NC);
+  const dim3 grid(B * HV, (V + BV - 1) / BV);
+  WB_LAUNCH(grid, 128, s2, stream, state_pass_kernel<Acc>)(q, k, gcum, W, U, o, state, T, H, HV, K,
+                                                           V, C, BV);
+  WB_LAUNCH(B * HV * NC, 256, s3, stream, output_kernel<Acc>)(q, k, gcum, U, o, T, H, HV, K, V,
+                                                              scale, C, NC);
   return (int)cudaGetLastError();
 }
 
