@@ -156,9 +156,15 @@ def mma_pass(B: int, HV: int, V: int, dtype: torch.dtype, sms: int | None = None
         sms = _sm_count(torch.device("cuda", torch.cuda.current_device()))
     nw = library("cuda").gdn_mma_pass_plan(int(B) * int(HV), int(V), int(dtype == torch.float32),
                                           int(sms))
-    if nw & 64:  # kPair in gdn_mma.cu
-        return f"pair{nw & 63}"
-    return {0: "smem", 1: "smem16"}.get(nw, f"warp{nw}")
+    return pass_name(nw)
+
+
+def pass_name(code: int) -> str:
+    """The name of a pass code of gdn_mma_pass_plan: 0 "smem", 1 "smem16", kPair (64) | N "pairN",
+    else "warpN" (N warps a block)."""
+    if code & 64:
+        return f"pair{code & 63}"
+    return {0: "smem", 1: "smem16"}.get(code, f"warp{code}")
 
 
 PACKED_LAUNCH = 128  # sequences a packed launch of the mma path takes (kSeqs in gdn_mma.cu)

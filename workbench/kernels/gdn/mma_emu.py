@@ -71,10 +71,8 @@ def pass_of(B: int, HV: int, V: int, dtype: torch.dtype, sms: int | None = None)
     the emulated device's, ``WB_EMU_SMS`` or 132)."""
     if sms is None:
         sms = int(os.environ.get("WB_EMU_SMS") or 132)
-    nw = library().gdn_mma_pass_plan(int(B) * int(HV), int(V), int(dtype == torch.float32), int(sms))
-    if nw & 64:
-        return f"pair{nw & 63}"
-    return {0: "smem", 1: "smem16"}.get(nw, f"warp{nw}")
+    return ext.pass_name(library().gdn_mma_pass_plan(int(B) * int(HV), int(V),
+                                                     int(dtype == torch.float32), int(sms)))
 
 
 def chunked(q, k, v, g, beta, *, scale=None, initial_state=None, qk_l2norm=False, cu_seqlens=None,
