@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT))
 from workbench.kernels import _native  # noqa: E402
 from workbench.kernels._abi import GdnArgs  # noqa: E402
 from workbench.kernels.gdn import ext, mma_emu  # noqa: E402
-from workbench.kernels.gdn._cases import make_inputs  # noqa: E402
+from workbench.kernels.gdn._cases import make_inputs, packed_inputs  # noqa: E402
 from workbench.kernels.gdn._launch import stage  # noqa: E402
 from workbench.numerics.policy import Policy  # noqa: E402
 
@@ -162,12 +162,8 @@ def main():
                                  "qk_l2norm": qk, "o_dtype": str(out), "finite_o": float(torch.isfinite(o1.float()).float().mean()),
                                  "o_bits_equal": same_bits(o1, o2), "state_bits_equal": same_bits(s1, s2)})
                     print(json.dumps(rows[-1]), flush=True)
-            cu = [0]
-            for n in PACKED:
-                cu.append(cu[-1] + n)
-            x = make_inputs(1, cu[-1], 1, 2, 64, 64, dtype=torch.bfloat16, seed=3)
-            x.pop("initial_state", None)
-            h0 = torch.randn(len(PACKED), 2, 64, 64, generator=torch.Generator().manual_seed(5)) * 0.1
+            x = packed_inputs(PACKED, H=1, HV=2, K=64, V=64, dtype=torch.bfloat16, seed=3)
+            cu, h0 = x.pop("cu_seqlens"), x.pop("initial_state")
             (o1, s1), (o2, s2) = run(base, x, True, torch.bfloat16, cu, h0), run(cur, x, True, torch.bfloat16, cu, h0)
             rows.append({"pass": p, "shape": f"packed {PACKED} HV2 K64 V64", "dtype": "torch.bfloat16",
                          "qk_l2norm": True, "o_dtype": "torch.bfloat16", "finite_o": 1.0,

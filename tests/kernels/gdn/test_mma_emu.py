@@ -12,7 +12,7 @@ import torch
 import workbench
 from workbench.kernels import _native
 from workbench.kernels.gdn import mma_emu, oracle
-from workbench.kernels.gdn._cases import make_inputs
+from workbench.kernels.gdn._cases import make_inputs, packed_inputs
 
 pytestmark = pytest.mark.skipif(_native.find_cxx() is None, reason="no C++ compiler")
 
@@ -85,12 +85,8 @@ def test_emulated_packed_batch_equals_sequences_alone(mma_pass, monkeypatch):
     """One launch pair for the packed batch (empty, one-token, odd and chunk-sized sequences,
     each with its own state): every sequence bit for bit its result alone on the same pass."""
     lengths = [0, 1, 5, 67, 0, 130, 64]
-    cu = [0]
-    for n in lengths:
-        cu.append(cu[-1] + n)
-    x = make_inputs(1, cu[-1], 1, 2, 64, 64, dtype=torch.bfloat16, seed=3)
-    x.pop("initial_state", None)
-    h0 = torch.randn(len(lengths), 2, 64, 64, generator=torch.Generator().manual_seed(5)) * 0.1
+    x = packed_inputs(lengths, H=1, HV=2, K=64, V=64, dtype=torch.bfloat16, seed=3)
+    cu, h0 = x.pop("cu_seqlens"), x.pop("initial_state")
     o, s = run(x, mma_pass, monkeypatch, initial_state=h0, cu_seqlens=cu)
     assert s.shape == (len(lengths), 2, 64, 64)
     for i, (a, b) in enumerate(zip(cu[:-1], cu[1:])):
