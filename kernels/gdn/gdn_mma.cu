@@ -1115,6 +1115,180 @@ struct WarpStage {
   static_assert(Qq % 4 == 0 && Tv % 4 == 0 && Vt % 4 == 0 && F % 4 == 0, "16-byte stage rows");
 };
 
+// Pieces of the two register-state passes (warp-resident and warp-pair). Fragment coordinates:
+// gq = lane / 4, tq = lane % 4. A state accumulator s[j] holds column gq + 8 (r / 2) and state
+// row k0 + 8 j + 2 tq + (r % 2); a chunk accumulator x[nt] position 8 nt + 2 tq + (r % 2).
+
+// Issue one stage's copies (one commit group): the chunk's keys and queries at t0 (L rows, the
+// rest zero), Tinv and PT and the factor rows from workspace row ws, and V's BV columns from vc.
+template <int K, typename QT, int NW, int NTH>
+__device__ __forceinline__ void issue_warp_stage(float* sb, const QT* q, const QT* k, const QT* v,
+                                                 const float* ws, long qk0, long v0, int H, int HV,
+                                                 int V, int L, int tid) {
+  using P = WarpStage<K, QT, NW>;
+  load_tile<kC, K, P::SKK, NTH>(reinterpret_cast<QT*>(sb + P::Kk), k + qk0, (long)H * K, L, tid);
+  load_tile<kC, K, P::SKK, NTH>(reinterpret_cast<QT*>(sb + P::Qq), q + qk0, (long)H * K, L, tid);
+  load_tile<2 * kC, kC, kPS, NTH, true>(sb + P::Tv, ws, kC, 2 * kC, tid);  // Tinv and PT
+  load_tile<kFacRows, kC, kC, NTH, true>(sb + P::F, ws + kFac, kC, kFacRows, tid);
+  load_tile<kC, P::BV, P::SVT, NTH>(reinterpret_cast<QT*>(sb + P::Vt), v + v0, (long)HV * V, L,
+                                    tid);
+  cp_commit();
+}
+
+// NJ state accumulators from / to the state's rows k0 .. k0 + 8 NJ - 1 (st: the warp's column 0).
+template <int NJ>
+__device__ __forceinline__ void load_state_rows(float (&s)[NJ][4], const float* st, int k0, int V,
+                                                int gq, int tq) {
+#pragma unroll
+  for (int j = 0; j < NJ; ++j)
+#pragma unroll
+    for (int r = 0; r < 4; ++r)
+      s[j][r] = st[(long)(k0 + 8 * j + 2 * tq + (r & 1)) * V + gq + 8 * (r >> 1)];
+}
+template <int NJ>
+__device__ __forceinline__ void store_state_rows(const float (&s)[NJ][4], float* st, int k0, int V,
+                                                 int gq, int tq) {
+#pragma unroll
+  for (int j = 0; j < NJ; ++j)
+#pragma unroll
+    for (int r = 0; r < 4; ++r)
+      st[(long)(k0 + 8 * j + 2 * tq + (r & 1)) * V + gq + 8 * (r >> 1)] = s[j][r];
+}
+
+// An accumulator tile as an A fragment, as it stands (already rounded where it needs to be).
+__device__ __forceinline__ void acc_as_a(const float (&c)[4], uint32_t (&a)[4]) {
+  a[0] = __float_as_uint(c[0]), a[1] = __float_as_uint(c[2]), a[2] = __float_as_uint(c[1]),
+  a[3] = __float_as_uint(c[3]);
+}
+
+// (K S)^T and (Q S)^T over state rows k0 .. k0 + 8 NJ - 1, added to x and y: A = S^T from the
+// accumulators (rounded to tf32 here), B(k = state row, n = position) = rows of the stage's K, Q.
+template <int NJ, int SKK, typename QT>
+__device__ __forceinline__ void state_times_kq(const float (&s)[NJ][4], const QT* Kc, const QT* Qc,
+                                               int k0, float (&x)[8][4], float (&y)[8][4],
+                                               int lane) {
+  constexpr bool cq = is_f32<QT>;  // raw float32 q, k: rounded to tf32 at the fragment load
+  const int gq = lane >> 2, tq = lane & 3;
+#pragma unroll
+  for (int j = 0; j < NJ; ++j) {
+    const uint32_t a[4] = {opnd<true>(s[j][0]), opnd<true>(s[j][2]), opnd<true>(s[j][1]),
+                           opnd<true>(s[j][3])};
+    if constexpr (!cq) {  // 16-bit keys and queries: B fragments by ldmatrix, 4 n-tiles a load
+#pragma unroll
+      for (int h4 = 0; h4 < 2; ++h4) {
+        uint32_t rk[4], rq[4];
+        ldsm4<false>(rk, Kc + (32 * h4 + lane) * SKK + k0 + 8 * j);
+        ldsm4<false>(rq, Qc + (32 * h4 + lane) * SKK + k0 + 8 * j);
+#pragma unroll
+        for (int m = 0; m < 4; ++m) {
+          uint32_t b0, b1;
+          split16<QT>(rk[m], b0, b1);
+          mma8(x[4 * h4 + m], a, b0, b1);
+          split16<QT>(rq[m], b0, b1);
+          mma8(y[4 * h4 + m], a, b0, b1);
+        }
+      }
+    } else {
+      const int kof = k0 + 8 * j + 2 * tq + gq * SKK;
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt) {
+        uint32_t b0, b1;
+        b_frag<1, cq>(Kc + kof + 8 * nt * SKK, b0, b1);
+        mma8(x[nt], a, b0, b1);
+        b_frag<1, cq>(Qc + kof + 8 * nt * SKK, b0, b1);
+        mma8(y[nt], a, b0, b1);
+      }
+    }
+  }
+}
+
+// acc^T += R^T M^T for a lower-triangular 64 x 64 M (row stride kPS) in shared memory, R^T in
+// x (rounded): k-step ks feeds n-tiles >= ks only.
+__device__ __forceinline__ void r_times_lower(const float (&x)[8][4], const float* M,
+                                              float (&acc)[8][4], int gq, int tq) {
+#pragma unroll
+  for (int ks = 0; ks < 8; ++ks) {
+    uint32_t a[4];
+    acc_as_a(x[ks], a);
+    const float* p = M + 8 * ks + 2 * tq + gq * kPS;
+#pragma unroll
+    for (int nt = ks; nt < 8; ++nt) {
+      uint32_t b0, b1;
+      b_frag<1, false>(p + 8 * nt * kPS, b0, b1);
+      mma8(acc[nt], a, b0, b1);
+    }
+  }
+}
+
+// o = scale y^T: this thread's positions 8 nt + 2 tq (+1) < L (from orow, stride ost), columns
+// gq (+8).
+__device__ __forceinline__ void store_o_t(void* o, int odt, long orow, long ost, float scale,
+                                          const float (&y)[8][4], int L, int tq) {
+  with_out_type(o, odt, [&](auto* op) {
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        if (8 * nt + 2 * tq + e >= L) continue;
+        auto* p = op + orow + (8 * nt + e) * ost;
+        put(p, scale * y[nt][e]);
+        put(p + 8, scale * y[nt][2 + e]);
+      }
+  });
+}
+
+// U^T <- the decayed, normed U^T (rounded): d = exp(gc_last - gc) nk per position.
+__device__ __forceinline__ void decay_round(float (&u)[8][4], const float* d, int tq) {
+#pragma unroll
+  for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const float di = d[8 * nt + 2 * tq + e];
+      u[nt][e] = rtf32(di * u[nt][e]);
+      u[nt][2 + e] = rtf32(di * u[nt][2 + e]);
+    }
+}
+
+// S^T <- el S^T + Ud^T K over state rows k0 .. k0 + 8 NJ - 1: A = Ud^T (registers, rounded),
+// B(k = position, n = state row) = K[position][row] (K's tiles transposed).
+template <int NJ, int SKK, typename QT>
+__device__ __forceinline__ void update_state(float (&s)[NJ][4], const float (&u)[8][4], float el,
+                                             const QT* Kc, int k0, int lane) {
+  constexpr bool cq = is_f32<QT>;
+  const int gq = lane >> 2, tq = lane & 3;
+#pragma unroll
+  for (int j = 0; j < NJ; ++j)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) s[j][r] *= el;
+#pragma unroll
+  for (int ks = 0; ks < 8; ++ks) {
+    uint32_t a[4];
+    acc_as_a(u[ks], a);
+    if constexpr (!cq) {
+      static_assert(NJ % 4 == 0, "4 state-row tiles an ldmatrix");
+#pragma unroll
+      for (int j4 = 0; j4 < NJ / 4; ++j4) {
+        uint32_t r[4];
+        ldsm4<true>(r, Kc + (8 * ks + (lane & 7)) * SKK + k0 + 8 * (4 * j4 + (lane >> 3)));
+#pragma unroll
+        for (int m = 0; m < 4; ++m) {
+          uint32_t b0, b1;
+          split16<QT>(r[m], b0, b1);
+          mma8(s[4 * j4 + m], a, b0, b1);
+        }
+      }
+    } else {
+      const QT* kp = Kc + (8 * ks + 2 * tq) * SKK + k0 + gq;
+#pragma unroll
+      for (int j = 0; j < NJ; ++j) {
+        uint32_t b0, b1;
+        b_frag<SKK, cq>(kp + 8 * j, b0, b1);
+        mma8(s[j], a, b0, b1);
+      }
+    }
+  }
+}
+
 // The chunk recurrence after prepare with the state in registers: each warp owns 16 value
 // columns and holds the transposed state S^T of those columns over all K state rows in mma
 // accumulators (element r of s[j]: column gq + 8 (r / 2), state row 8j + 2tq + (r % 2)). An
@@ -1133,9 +1307,7 @@ mma_wpass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restri
           const float* __restrict__ tinv, float* __restrict__ state, void* __restrict__ o, int T,
           int H, int HV, int V, float scale, int odt, int NC, const Packed pk) {
   using P = WarpStage<K, QT, NW>;
-  constexpr int NTH = 32 * NW, NS = K / 8, SKK = P::SKK, SVT = P::SVT;
-  constexpr bool cq = is_f32<QT>;  // raw float32 q, k: rounded to tf32 at the fragment load
-  constexpr bool kLdsm = !cq;  // 16-bit keys and queries: B fragments by ldmatrix
+  constexpr int NTH = 32 * NW, NS = K / 8, SVT = P::SVT;
   WB_DYNAMIC_SMEM(float4, smem4);
   float* sm = reinterpret_cast<float*>(smem4);
   const SeqAt sq = pass_seq(pk, blockIdx.x, HV, T, NC);
@@ -1144,24 +1316,13 @@ mma_wpass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restri
   const int wc = 16 * w, c0 = blockIdx.y * P::BV + wc;  // the warp's columns: c0 + 0..15
   float* st = state + gdn::state_index(sq.sb, hv, HV, K, V) + c0;
   float s[NS][4];
-#pragma unroll
-  for (int j = 0; j < NS; ++j)
-#pragma unroll
-    for (int r = 0; r < 4; ++r) s[j][r] = st[(long)(8 * j + 2 * tq + (r & 1)) * V + gq + 8 * (r >> 1)];
+  load_state_rows(s, st, 0, V, gq, tq);
   auto issue = [&](int n) {
-    const int t0 = sq.first + n * kC, L = gdn::imin(kC, tend - t0);
-    float* sb = sm + (n & 1) * P::floats;
-    load_tile<kC, K, SKK, NTH>(reinterpret_cast<QT*>(sb + P::Kk),
-                               k + gdn::qk_index(b, t0, h, T, H, K), (long)H * K, L, tid);
-    load_tile<kC, K, SKK, NTH>(reinterpret_cast<QT*>(sb + P::Qq),
-                               q + gdn::qk_index(b, t0, h, T, H, K), (long)H * K, L, tid);
-    const float* ws = tinv + (sq.crow + n) * kChunkWs;
-    load_tile<2 * kC, kC, kPS, NTH, true>(sb + P::Tv, ws, kC, 2 * kC, tid);  // Tinv and PT
-    load_tile<kFacRows, kC, kC, NTH, true>(sb + P::F, ws + kFac, kC, kFacRows, tid);
-    load_tile<kC, P::BV, SVT, NTH>(reinterpret_cast<QT*>(sb + P::Vt),
-                                   v + gdn::v_index(b, t0, hv, T, HV, V) + blockIdx.y * P::BV,
-                                   (long)HV * V, L, tid);
-    cp_commit();
+    const int t0 = sq.first + n * kC;
+    issue_warp_stage<K, QT, NW, NTH>(sm + (n & 1) * P::floats, q, k, v,
+                                     tinv + (sq.crow + n) * kChunkWs, gdn::qk_index(b, t0, h, T, H, K),
+                                     gdn::v_index(b, t0, hv, T, HV, V) + blockIdx.y * P::BV, H, HV,
+                                     V, gdn::imin(kC, tend - t0), tid);
   };
   if (sq.nc > 0) issue(0);
   for (int n = 0; n < sq.nc; ++n) {
@@ -1180,37 +1341,7 @@ mma_wpass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restri
     float x[8][4], y[8][4];
     zero1(x);
     zero1(y);
-#pragma unroll
-    for (int j = 0; j < NS; ++j) {
-      const uint32_t a[4] = {opnd<true>(s[j][0]), opnd<true>(s[j][2]), opnd<true>(s[j][1]),
-                             opnd<true>(s[j][3])};
-      if constexpr (kLdsm) {  // B(k = state row, n = position): rows of K, Q; 4 n-tiles a load
-#pragma unroll
-        for (int h4 = 0; h4 < 2; ++h4) {
-          uint32_t rk[4], rq[4];
-          ldsm4<false>(rk, Kc + (32 * h4 + lane) * SKK + 8 * j);
-          ldsm4<false>(rq, Qc + (32 * h4 + lane) * SKK + 8 * j);
-#pragma unroll
-          for (int m = 0; m < 4; ++m) {
-            uint32_t b0, b1;
-            split16<QT>(rk[m], b0, b1);
-            mma8(x[4 * h4 + m], a, b0, b1);
-            split16<QT>(rq[m], b0, b1);
-            mma8(y[4 * h4 + m], a, b0, b1);
-          }
-        }
-      } else {
-        const int kof = 8 * j + 2 * tq + gq * SKK;
-#pragma unroll
-        for (int nt = 0; nt < 8; ++nt) {
-          uint32_t b0, b1;
-          b_frag<1, cq>(Kc + kof + 8 * nt * SKK, b0, b1);
-          mma8(x[nt], a, b0, b1);
-          b_frag<1, cq>(Qc + kof + 8 * nt * SKK, b0, b1);
-          mma8(y[nt], a, b0, b1);
-        }
-      }
-    }
+    state_times_kq<NS, P::SKK>(s, Kc, Qc, 0, x, y, lane);
     // R^T (rounded) in x, exp(gc) nq (Q S)^T in y
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt)
@@ -1225,56 +1356,18 @@ mma_wpass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restri
           y[nt][r] = eq * y[nt][r];
         }
       }
-    // o^T += R^T PT^T, then U^T = R^T Tinv^T (both lower triangular: k-step ks feeds n-tiles
-    // >= ks); o is written first so that y is free before u is formed
-    auto a_of = [](const float (&c)[4], uint32_t (&a)[4]) {
-      a[0] = __float_as_uint(c[0]), a[1] = __float_as_uint(c[2]), a[2] = __float_as_uint(c[1]),
-      a[3] = __float_as_uint(c[3]);
-    };
-    // acc^T += R^T M^T for a lower-triangular 64 x 64 M (row stride kPS) in shared memory
-    auto r_times_lower = [&](const float* M, float (&acc)[8][4]) {
-#pragma unroll
-      for (int ks = 0; ks < 8; ++ks) {
-        uint32_t a[4];
-        a_of(x[ks], a);
-        const float* p = M + 8 * ks + 2 * tq + gq * kPS;
-#pragma unroll
-        for (int nt = ks; nt < 8; ++nt) {
-          uint32_t b0, b1;
-          b_frag<1, false>(p + 8 * nt * kPS, b0, b1);
-          mma8(acc[nt], a, b0, b1);
-        }
-      }
-    };
-    r_times_lower(PTv, y);
-    {  // o: this thread's positions 8 nt + 2 tq (+1), columns c0 + gq (+8)
-      const long ost = (long)HV * V, orow = gdn::v_index(b, t0 + 2 * tq, hv, T, HV, V) + c0 + gq;
-      with_out_type(o, odt, [&](auto* op) {
-#pragma unroll
-        for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            if (8 * nt + 2 * tq + e >= L) continue;
-            auto* p = op + orow + (8 * nt + e) * ost;
-            put(p, scale * y[nt][e]);
-            put(p + 8, scale * y[nt][2 + e]);
-          }
-      });
-    }
+    // o^T += R^T PT^T, then U^T = R^T Tinv^T; o is written first so that y is free before u is
+    // formed
+    r_times_lower(x, PTv, y, gq, tq);
+    store_o_t(o, odt, gdn::v_index(b, t0 + 2 * tq, hv, T, HV, V) + c0 + gq, (long)HV * V, scale, y,
+              L, tq);
     float u[8][4];
     zero1(u);
-    r_times_lower(Tv, u);
-    // the decayed, normed U^T (rounded): the update's A operand
-#pragma unroll
-    for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int i = 8 * nt + 2 * tq + e;
-        const float d = fd[i];
-        u[nt][e] = rtf32(d * u[nt][e]);
-        u[nt][2 + e] = rtf32(d * u[nt][2 + e]);
-      }
-    // S^T <- exp(gc_last) S^T + Ud^T K (B(k = position, n = state row) = K[position][row])
+    r_times_lower(x, Tv, u, gq, tq);
+    decay_round(u, fd, tq);
+    // S^T <- exp(gc_last) S^T + Ud^T K: update_state's loops written out here, where the helper
+    // made ptxas branch around the o stores instead of predicating them (K = 64: 85-112 more SASS
+    // instructions a chunk; benchmarks/gdn_sass_mix.py)
     const float el = fd[kC];
 #pragma unroll
     for (int j = 0; j < NS; ++j)
@@ -1283,12 +1376,12 @@ mma_wpass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restri
 #pragma unroll
     for (int ks = 0; ks < 8; ++ks) {
       uint32_t a[4];
-      a_of(u[ks], a);
-      if constexpr (kLdsm) {  // B(k = position, n = state row): K's tiles transposed
+      acc_as_a(u[ks], a);
+      if constexpr (!is_f32<QT>) {
 #pragma unroll
         for (int j4 = 0; j4 < NS / 4; ++j4) {
           uint32_t r[4];
-          ldsm4<true>(r, Kc + (8 * ks + (lane & 7)) * SKK + 8 * (4 * j4 + (lane >> 3)));
+          ldsm4<true>(r, Kc + (8 * ks + (lane & 7)) * P::SKK + 8 * (4 * j4 + (lane >> 3)));
 #pragma unroll
           for (int m = 0; m < 4; ++m) {
             uint32_t b0, b1;
@@ -1297,20 +1390,17 @@ mma_wpass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restri
           }
         }
       } else {
-        const QT* kp = Kc + (8 * ks + 2 * tq) * SKK + gq;
+        const QT* kp = Kc + (8 * ks + 2 * tq) * P::SKK + gq;
 #pragma unroll
         for (int j = 0; j < NS; ++j) {
           uint32_t b0, b1;
-          b_frag<SKK, cq>(kp + 8 * j, b0, b1);
+          b_frag<P::SKK, true>(kp + 8 * j, b0, b1);
           mma8(s[j], a, b0, b1);
         }
       }
     }
   }
-#pragma unroll
-  for (int j = 0; j < NS; ++j)
-#pragma unroll
-    for (int r = 0; r < 4; ++r) st[(long)(8 * j + 2 * tq + (r & 1)) * V + gq + 8 * (r >> 1)] = s[j][r];
+  store_state_rows(s, st, 0, V, gq, tq);
 }
 
 // -------------------------------------------------------------------- the warp-pair pass
@@ -1338,7 +1428,7 @@ mma_ppass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restri
           int H, int HV, int V, float scale, int odt, int NC, const Packed pk) {
   static_assert(!is_f32<QT>, "16-bit q, k, v (float32 stages do not fit with the exchange)");
   using P = WarpStage<K, QT, NP>;  // the block's 16 NP value columns
-  constexpr int NTH = 64 * NP, NS = K / 8, NH = NS / 2, SKK = P::SKK, SVT = P::SVT;
+  constexpr int NTH = 64 * NP, NH = K / 16, SVT = P::SVT;
   constexpr int kXch = 32 * 32;  // floats of one exchange buffer
   WB_DYNAMIC_SMEM(float4, smem4);
   float* sm = reinterpret_cast<float*>(smem4);
@@ -1365,30 +1455,14 @@ mma_ppass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restri
   };
   auto pair_sync = [&]() { named_sync<64>(1 + pr); };
   float* st = state + gdn::state_index(sq.sb, hv, HV, K, V) + c0;
-  float s[NH][4];  // element r of s[j]: column gq + 8 (r / 2), state row k0 + 8j + 2tq + (r % 2)
-#pragma unroll
-  for (int j = 0; j < NH; ++j)
-#pragma unroll
-    for (int r = 0; r < 4; ++r)
-      s[j][r] = st[(long)(k0 + 8 * j + 2 * tq + (r & 1)) * V + gq + 8 * (r >> 1)];
+  float s[NH][4];
+  load_state_rows(s, st, k0, V, gq, tq);
   auto issue = [&](int n) {
-    const int t0 = sq.first + n * kC, L = gdn::imin(kC, tend - t0);
-    float* sb = sm + (n & 1) * P::floats;
-    load_tile<kC, K, SKK, NTH>(reinterpret_cast<QT*>(sb + P::Kk),
-                               k + gdn::qk_index(b, t0, h, T, H, K), (long)H * K, L, tid);
-    load_tile<kC, K, SKK, NTH>(reinterpret_cast<QT*>(sb + P::Qq),
-                               q + gdn::qk_index(b, t0, h, T, H, K), (long)H * K, L, tid);
-    const float* ws = tinv + (sq.crow + n) * kChunkWs;
-    load_tile<2 * kC, kC, kPS, NTH, true>(sb + P::Tv, ws, kC, 2 * kC, tid);  // Tinv and PT
-    load_tile<kFacRows, kC, kC, NTH, true>(sb + P::F, ws + kFac, kC, kFacRows, tid);
-    load_tile<kC, P::BV, SVT, NTH>(reinterpret_cast<QT*>(sb + P::Vt),
-                                   v + gdn::v_index(b, t0, hv, T, HV, V) + blockIdx.y * P::BV,
-                                   (long)HV * V, L, tid);
-    cp_commit();
-  };
-  auto a_of = [](const float (&c)[4], uint32_t (&a)[4]) {
-    a[0] = __float_as_uint(c[0]), a[1] = __float_as_uint(c[2]), a[2] = __float_as_uint(c[1]),
-    a[3] = __float_as_uint(c[3]);
+    const int t0 = sq.first + n * kC;
+    issue_warp_stage<K, QT, NP, NTH>(sm + (n & 1) * P::floats, q, k, v,
+                                     tinv + (sq.crow + n) * kChunkWs, gdn::qk_index(b, t0, h, T, H, K),
+                                     gdn::v_index(b, t0, hv, T, HV, V) + blockIdx.y * P::BV, H, HV,
+                                     V, gdn::imin(kC, tend - t0), tid);
   };
   if (sq.nc > 0) issue(0);
   for (int n = 0; n < sq.nc; ++n) {
@@ -1406,25 +1480,7 @@ mma_ppass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restri
     float x[8][4], y[8][4];
     zero1(x);
     zero1(y);
-#pragma unroll
-    for (int j = 0; j < NH; ++j) {
-      const uint32_t a[4] = {opnd<true>(s[j][0]), opnd<true>(s[j][2]), opnd<true>(s[j][1]),
-                             opnd<true>(s[j][3])};
-#pragma unroll
-      for (int h4 = 0; h4 < 2; ++h4) {  // B(k = state row, n = position): 4 n-tiles a load
-        uint32_t rk[4], rq[4];
-        ldsm4<false>(rk, Kc + (32 * h4 + lane) * SKK + k0 + 8 * j);
-        ldsm4<false>(rq, Qc + (32 * h4 + lane) * SKK + k0 + 8 * j);
-#pragma unroll
-        for (int m = 0; m < 4; ++m) {
-          uint32_t b0, b1;
-          split16<QT>(rk[m], b0, b1);
-          mma8(x[4 * h4 + m], a, b0, b1);
-          split16<QT>(rq[m], b0, b1);
-          mma8(y[4 * h4 + m], a, b0, b1);
-        }
-      }
-    }
+    state_times_kq<NH, P::SKK>(s, Kc, Qc, k0, x, y, lane);
     if (hlf) put8(X, x);  // the second half's K S to the first, the first half's Q S to the second
     else put8(Y, y);
     pair_sync();
@@ -1460,82 +1516,23 @@ mma_ppass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restri
         }
     }
     pair_sync();  // R^T is in X; the second half is done with Y
-    // acc^T += R^T M^T for a lower-triangular 64 x 64 M (row stride kPS) in shared memory
-    auto r_times_lower = [&](const float* M, float (&acc)[8][4]) {
-#pragma unroll
-      for (int ks = 0; ks < 8; ++ks) {
-        uint32_t a[4];
-        a_of(x[ks], a);
-        const float* p = M + 8 * ks + 2 * tq + gq * kPS;
-#pragma unroll
-        for (int nt = ks; nt < 8; ++nt) {
-          uint32_t b0, b1;
-          b_frag<1, false>(p + 8 * nt * kPS, b0, b1);
-          mma8(acc[nt], a, b0, b1);
-        }
-      }
-    };
     float u[8][4];
     if (hlf) {
       get8(X, x);  // R^T
-      r_times_lower(PTv, y);
-      // o: this thread's positions 8 nt + 2 tq (+1), columns c0 + gq (+8)
-      const long ost = (long)HV * V, orow = gdn::v_index(b, t0 + 2 * tq, hv, T, HV, V) + c0 + gq;
-      with_out_type(o, odt, [&](auto* op) {
-#pragma unroll
-        for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            if (8 * nt + 2 * tq + e >= L) continue;
-            auto* p = op + orow + (8 * nt + e) * ost;
-            put(p, scale * y[nt][e]);
-            put(p + 8, scale * y[nt][2 + e]);
-          }
-      });
+      r_times_lower(x, PTv, y, gq, tq);
+      store_o_t(o, odt, gdn::v_index(b, t0 + 2 * tq, hv, T, HV, V) + c0 + gq, (long)HV * V, scale,
+                y, L, tq);
     } else {
       zero1(u);
-      r_times_lower(Tv, u);
-      // the decayed, normed U^T (rounded): the update's A operand, to Y for the second half
-#pragma unroll
-      for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const float d = fd[8 * nt + 2 * tq + e];
-          u[nt][e] = rtf32(d * u[nt][e]);
-          u[nt][2 + e] = rtf32(d * u[nt][2 + e]);
-        }
-      put8(Y, u);
+      r_times_lower(x, Tv, u, gq, tq);
+      decay_round(u, fd, tq);
+      put8(Y, u);  // the update's A operand, for the second half
     }
     pair_sync();  // Ud^T is in Y
     if (hlf) get8(Y, u);
-    // S^T <- exp(gc_last) S^T + Ud^T K over this warp's state rows (K's tiles transposed)
-    const float el = fd[kC];
-#pragma unroll
-    for (int j = 0; j < NH; ++j)
-#pragma unroll
-      for (int r = 0; r < 4; ++r) s[j][r] *= el;
-#pragma unroll
-    for (int ks = 0; ks < 8; ++ks) {
-      uint32_t a[4];
-      a_of(u[ks], a);
-#pragma unroll
-      for (int j4 = 0; j4 < NH / 4; ++j4) {
-        uint32_t r[4];
-        ldsm4<true>(r, Kc + (8 * ks + (lane & 7)) * SKK + k0 + 8 * (4 * j4 + (lane >> 3)));
-#pragma unroll
-        for (int m = 0; m < 4; ++m) {
-          uint32_t b0, b1;
-          split16<QT>(r[m], b0, b1);
-          mma8(s[4 * j4 + m], a, b0, b1);
-        }
-      }
-    }
+    update_state<NH, P::SKK>(s, u, fd[kC], Kc, k0, lane);
   }
-#pragma unroll
-  for (int j = 0; j < NH; ++j)
-#pragma unroll
-    for (int r = 0; r < 4; ++r)
-      st[(long)(k0 + 8 * j + 2 * tq + (r & 1)) * V + gq + 8 * (r >> 1)] = s[j][r];
+  store_state_rows(s, st, k0, V, gq, tq);
 }
 
 // ----------------------------------------------------------------------------------- launcher
