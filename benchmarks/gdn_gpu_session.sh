@@ -2,7 +2,8 @@
 # One device call's worth of GDN mma checks, results written under $OUT with their headers
 # (command, device, versions, date, commit), ready to copy into benchmarks/results/.
 #
-#   OUT=$OUT bash benchmarks/gdn_gpu_session.sh tests    # the mma path's GPU tests, every pass forced
+#   OUT=$OUT bash benchmarks/gdn_gpu_session.sh tests    # the mma path's GPU tests, every pass forced,
+#                                                       # and the CPU emulation against the GPU
 #   OUT=$OUT bash benchmarks/gdn_gpu_session.sh ab [shape filters...]
 #                                                       # gdn_pass_ab: smem smem16 warp pair auto vs fla
 #   OUT=$OUT bash benchmarks/gdn_gpu_session.sh matrix [shape filters...]
@@ -39,7 +40,7 @@ PY
 }
 case "$mode" in
   tests)
-    cmd="pytest -q -m gpu tests/kernels/gdn/test_varlen.py tests/kernels/test_graph_capture.py tests/kernels/gdn/test_ext.py -k 'mma or packed or capturable'"
+    cmd="pytest -q -m gpu tests/kernels/gdn/test_varlen.py tests/kernels/test_graph_capture.py tests/kernels/gdn/test_ext.py tests/kernels/gdn/test_mma_emu.py tests/kernels/gdn/test_cuda_scalar_emu.py -k 'mma or packed or capturable or emul'"
     f="$out/gpu-tests-$day-mma-passes.txt"
     { header "$cmd"; timeout "$limit" bash -c "python3 -m $cmd -p no:cacheprovider" 2>&1; echo "# rc=$?"; } > "$f"
     tail -5 "$f"
