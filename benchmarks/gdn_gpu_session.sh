@@ -4,13 +4,15 @@
 #
 #   OUT=$OUT bash benchmarks/gdn_gpu_session.sh tests    # the mma path's GPU tests, every pass forced,
 #                                                       # and the CPU emulation against the GPU
+#   OUT=$OUT bash benchmarks/gdn_gpu_session.sh tests NODE...  # those tests only
 #   OUT=$OUT bash benchmarks/gdn_gpu_session.sh ab [shape filters...]
 #                                                       # gdn_pass_ab: smem smem16 warp pair auto vs fla
 #   OUT=$OUT bash benchmarks/gdn_gpu_session.sh matrix [shape filters...]
 #                                                       # gdn_matrix prefill rows vs fla
 #   OUT=$OUT bash benchmarks/gdn_gpu_session.sh phases [passes...]
 #                                                       # prepare / pass GPU time at B1 T8192 HV32,
-#                                                       # each pass forced (default: all four)
+#                                                       # each pass forced (default: all four);
+#                                                       # PHASES_ARGS="--T 4096 --K 64 --V 64" another shape
 #
 # Run from the repository root with the packages of ../shared/GPU.md on PYTHONPATH (numpy 2.4,
 # fla 0.6.0). Each mode stops at its own time limit (SESSION_LIMIT seconds, default 500) so that
@@ -41,6 +43,7 @@ PY
 case "$mode" in
   tests)
     cmd="pytest -q -m gpu tests/kernels/gdn/test_varlen.py tests/kernels/test_graph_capture.py tests/kernels/gdn/test_ext.py tests/kernels/gdn/test_mma_emu.py tests/kernels/gdn/test_cuda_scalar_emu.py -k 'mma or packed or capturable or emul'"
+    [ $# -gt 0 ] && cmd="pytest -q -m gpu $*"  # or the tests named (node ids)
     f="$out/gpu-tests-$day-mma-passes.txt"
     { header "$cmd"; timeout "$limit" bash -c "python3 -m $cmd -p no:cacheprovider" 2>&1; echo "# rc=$?"; } > "$f"
     tail -5 "$f"
@@ -61,10 +64,10 @@ case "$mode" in
     f="$out/gdn-phases-$day.txt"
     passes=("$@")
     [ ${#passes[@]} -eq 0 ] && passes=(smem smem16 warp pair)
-    { header "python3 benchmarks/gdn_phases.py --T 8192 --kernels (WORKBENCH_GDN_MMA_PASS each of ${passes[*]})"
+    { header "python3 benchmarks/gdn_phases.py ${PHASES_ARGS:---T 8192} --kernels (WORKBENCH_GDN_MMA_PASS each of ${passes[*]})"
       for p in "${passes[@]}"; do
         echo "## WORKBENCH_GDN_MMA_PASS=$p"
-        WORKBENCH_GDN_MMA_PASS=$p timeout "$limit" python3 benchmarks/gdn_phases.py --T 8192 --kernels 2>&1 | tail -12
+        WORKBENCH_GDN_MMA_PASS=$p timeout "$limit" python3 benchmarks/gdn_phases.py ${PHASES_ARGS:---T 8192} --kernels 2>&1 | tail -12
       done; } > "$f"
     cat "$f"
     ;;

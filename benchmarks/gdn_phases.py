@@ -4,7 +4,7 @@
     python benchmarks/gdn_phases.py --T 8192 --time              # median ms, event-timed
     python benchmarks/gdn_phases.py --T 8192 --kernels           # GPU time per kernel (profiler)
 
-Inputs as benchmarks/gdn.py (B=1, H=16, HV=32, K=V=128, bf16, l2-normalized q/k, a state),
+Inputs as benchmarks/gdn.py (B=1, H=16, HV=32, K=V=128 unless --HV/--K/--V say otherwise, bf16, l2-normalized q/k, a state),
 staged once as the API stages them (bf16 q, k, v; ``--f32-inputs``: widened to float32;
 ``--qk-l2norm``: the kernels normalize q and k); then
 ``ext.launch(..., path="mma")`` is called ``reps`` times.
@@ -27,6 +27,9 @@ from workbench.kernels.gdn._checks import l2norm  # noqa: E402
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--T", type=int, default=8192)
+    ap.add_argument("--HV", type=int, default=32)
+    ap.add_argument("--K", type=int, default=128)
+    ap.add_argument("--V", type=int, default=128)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--time", action="store_true")
     ap.add_argument("--f32-inputs", action="store_true", help="widen q, k, v to float32 first")
@@ -34,7 +37,7 @@ def main():
     ap.add_argument("--kernels", action="store_true", help="GPU time per kernel (torch.profiler)")
     ap.add_argument("--check", action="store_true", help="compare with the fp64 oracle first")
     a = ap.parse_args()
-    x = make_inputs(1, a.T, 16, 32, 128, 128, dtype=torch.bfloat16, state=True, seed=3, device="cuda")
+    x = make_inputs(1, a.T, 16, a.HV, a.K, a.V, dtype=torch.bfloat16, state=True, seed=3, device="cuda")
     x["q"], x["k"] = l2norm(x["q"].float()).bfloat16(), l2norm(x["k"].float()).bfloat16()
     l2 = False
     if a.f32_inputs:

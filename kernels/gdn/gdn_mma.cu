@@ -1563,7 +1563,8 @@ int sm_count() {
 }
 
 // Which pass runs, for B HV = BH sequences-heads and V value columns on a GPU of sms SMs: 0 for
-// the shared-memory pass, else the warps a block of the warp-resident pass (2, 4 or 8).
+// the shared-memory pass, 1 for it at 16 value columns a block (smem16), else the warps a block
+// of the warp-resident pass (2, 4 or 8), kPair | warps for the warp-pair pass.
 // The warp-resident pass where it has at least 2.5 warps an SM (B HV V / 16 warps in all), the
 // shared-memory one below that. A single warp's chain of products per chunk is long (about 8 us
 // a chunk on the H200 whether 2 or 8 warps share an SM), so the warp pass needs warps to
@@ -1571,13 +1572,20 @@ int sm_count() {
 // (benchmarks/results/gdn-pass-ab-h200-2026-12-05.jsonl): B1 T8192 HV32 (1.9 warps an SM) warp
 // 1.19 ms against 0.65; B1 T2000 HV48 (2.9 an SM) 0.305 against 0.313; B4 T4096 HV32 (7.8 an
 // SM) 0.87 against 1.28.
-// Its block: 16 value columns a warp, 2, 4 or 8 warps (V allowing; float32 q, k, v: 2, for
-// shared memory); the fewest waves of blocks over the SMs, then the fewest warps a block (more
-// SMs at work, each warp its own scheduler). The arithmetic of a warp does not depend on it.
-// WORKBENCH_GDN_MMA_PASS=warp|smem forces a pass (tests, benchmarks); =smem16 the shared-memory
-// pass at 16 value columns a block (1) and =pair the warp-pair pass (kPair | its warps a block:
-// 2, 4 or 8, 16-bit inputs; float32 ones take the warp-resident pass), neither in the rule until
-// they are timed against the others on a GPU; anything else: the rule.
+// Below the threshold, smem16 with 16-bit inputs where the 32-column blocks would leave half the
+// SMs or more idle (B HV V / 32 <= SMs / 2): twice the blocks, two an SM. Measured on the H100
+// (benchmarks/results/gdn-pass-ab-h100-2026-12-06.json): B1 T4096 HV32 K = V = 64 (64 blocks of
+// 32 columns) smem16 0.195 ms against smem 0.226; where the 32-column blocks already fill the
+// SMs, smem16 repeats each block's key-side work for half the columns and loses (B1 T8192 HV32
+// K = V = 128, 128 blocks: 0.636 against 0.555).
+// The warp-resident pass's block: 16 value columns a warp, 2, 4 or 8 warps (V allowing; float32
+// q, k, v: 2, for shared memory); the fewest waves of blocks over the SMs, then the fewest warps
+// a block (more SMs at work, each warp its own scheduler). The arithmetic of a warp does not
+// depend on it.
+// WORKBENCH_GDN_MMA_PASS=warp|smem|smem16 forces a pass (tests, benchmarks) and =pair the
+// warp-pair pass (16-bit inputs; float32 ones take the warp-resident pass), which is in no rule:
+// at best 3% faster than the warp-resident pass (a mixed packed batch), slower on the other
+// shapes of the same A/B; anything else: the rule.
 constexpr int kPair = 64;
 // The block of the fewest waves over the SMs, then the fewest warps: warps 2, 4, .. wmax a block,
 // 16 value columns each warp (pair = false) or each two warps (pair = true).
@@ -1593,18 +1601,15 @@ int fewest_waves(int BH, int V, int sms, int wmax, bool pair) {
   return best;
 }
 int pass_plan(int BH, int V, bool f32, int sms) {
-  bool warp = 2L * BH * (V / 16) >= 5L * sms;
-  if (const char* e = getenv("WORKBENCH_GDN_MMA_PASS")) {
-    if (!strcmp(e, "warp")) warp = true;
-    if (!strcmp(e, "smem")) warp = false;
-    if (!strcmp(e, "smem16")) return 1;
-    if (!strcmp(e, "pair")) {
-      if (!f32) return kPair | fewest_waves(BH, V, sms, 8, true);
-      warp = true;
-    }
-  }
-  if (!warp) return 0;
-  return fewest_waves(BH, V, sms, f32 ? 2 : 8, false);
+  const char* e = getenv("WORKBENCH_GDN_MMA_PASS");
+  auto forced = [&](const char* name) { return e && !strcmp(e, name); };
+  const int warp = fewest_waves(BH, V, sms, f32 ? 2 : 8, false);
+  if (forced("smem")) return 0;
+  if (forced("smem16")) return 1;
+  if (forced("warp")) return warp;
+  if (forced("pair")) return f32 ? warp : kPair | fewest_waves(BH, V, sms, 8, true);
+  if (2L * BH * (V / 16) >= 5L * sms) return warp;
+  return !f32 && 2L * BH * (V / 32) <= sms ? 1 : 0;
 }
 
 template <int K, typename QT, int NW>

@@ -108,9 +108,10 @@ def test_mma_packed_launch_tables():
 @pytest.mark.skipif(_native.find_nvcc() is None, reason="nvcc not found")
 def test_mma_pass_plan(monkeypatch):
     """The launcher's choice of pass, asked of the CUDA build on the CPU (host code): the
-    shared-memory pass below 2.5 warps an SM (B HV V / 16 warps), else the warp-resident pass with
-    the fewest waves of blocks, then the fewest warps a block; 2 warps for float32 inputs (shared
-    memory) and for V = 32 / 96; WORKBENCH_GDN_MMA_PASS forces a pass."""
+    shared-memory pass below 2.5 warps an SM (B HV V / 16 warps), at 16 columns a block (smem16)
+    where 32-column blocks would fill at most half the SMs (16-bit inputs), else the warp-resident
+    pass with the fewest waves of blocks, then the fewest warps a block; 2 warps for float32
+    inputs (shared memory) and for V = 32 / 96; WORKBENCH_GDN_MMA_PASS forces a pass."""
     monkeypatch.delenv("WORKBENCH_GDN_MMA_PASS", raising=False)
     bf16, f32 = torch.bfloat16, torch.float32
     cases = [  # (B, HV, V, dtype, SMs) -> pass
@@ -122,18 +123,24 @@ def test_mma_pass_plan(monkeypatch):
         ((4, 32, 128, f32, 132), "warp2"),    # float32 q, k, v: 2 warps a block
         ((16, 32, 96, bf16, 132), "warp2"),   # V = 96: 32 columns a block
         ((32, 32, 32, bf16, 132), "warp2"),   # V = 32
-        ((1, 32, 64, bf16, 132), "smem"),     # K = V = 64 at B1: 128 warps
+        ((1, 32, 64, bf16, 132), "smem16"),   # K = V = 64 at B1: 64 blocks of 32 columns <= 66
+        ((1, 33, 64, bf16, 132), "smem16"),   # 66 blocks: half the SMs
+        ((1, 34, 64, bf16, 132), "smem"),     # 68 blocks: more than half
+        ((1, 32, 64, f32, 132), "smem"),      # float32 inputs: 32 columns a block
+        ((1, 4, 128, bf16, 132), "smem16"),   # 16 blocks
         ((1, 48, 128, bf16, 200), "smem"),    # more SMs: the same grid is below the threshold
         ((4, 16, 128, bf16, 1), "warp8"),     # one SM: the fewest waves are the largest blocks
     ]
     for (B, HV, V, dt, sms), want in cases:
         assert ext.mma_pass(B, HV, V, dt, sms=sms) == want, (B, HV, V, dt, sms)
-    threshold = [HV for HV in range(1, 200) if ext.mma_pass(1, HV, 128, bf16, sms=132) != "smem"]
-    assert threshold[0] == 42  # 42 x 8 = 336 warps >= 2.5 x 132 = 330 > 41 x 8
+    plans = {HV: ext.mma_pass(1, HV, 128, bf16, sms=132) for HV in range(1, 200)}
+    assert [HV for HV, p in plans.items() if p == "smem16"] == list(range(1, 17))  # 4 HV <= 66
+    assert [HV for HV, p in plans.items() if p == "smem"] == list(range(17, 42))
+    # the warp-resident pass from 42: 42 x 8 = 336 warps >= 2.5 x 132 = 330 > 41 x 8
     monkeypatch.setenv("WORKBENCH_GDN_MMA_PASS", "warp")
     assert ext.mma_pass(1, 4, 128, bf16, sms=132) == "warp2"
     monkeypatch.setenv("WORKBENCH_GDN_MMA_PASS", "smem")
-    assert ext.mma_pass(8, 32, 128, bf16, sms=132) == "smem"
+    assert ext.mma_pass(8, 32, 128, bf16, sms=132) == "smem" == ext.mma_pass(1, 4, 128, bf16, sms=132)
     monkeypatch.setenv("WORKBENCH_GDN_MMA_PASS", "smem16")  # forced only, any grid or dtype
     assert ext.mma_pass(8, 32, 128, bf16, sms=132) == "smem16" == ext.mma_pass(1, 32, 64, f32, sms=132)
     monkeypatch.setenv("WORKBENCH_GDN_MMA_PASS", "pair")  # forced only; 16 columns a pair
@@ -356,15 +363,17 @@ def test_cuda_mma_l2norm_in_kernel(dtype, K, V, T, monkeypatch):
 @pytest.mark.gpu
 def test_cuda_mma_pass_choice(monkeypatch):
     """Unforced, the launcher takes the warp-resident pass on a grid of at least 2.5 warps an SM
-    (2 B HV V / 16 >= 5 SMs) and the shared-memory pass below: bit for bit the forced pass; the
-    two agree to float32 rounding (the same roundings to tf32, sums in another order)."""
+    (2 B HV V / 16 >= 5 SMs), the shared-memory pass below, at 16 columns a block where 32-column
+    blocks fill at most half the SMs: bit for bit the forced pass; the passes agree to float32
+    rounding (the same roundings to tf32, sums in another order)."""
     monkeypatch.setenv("WORKBENCH_GDN_CUDA_PATH", "mma")
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    for B, HV, want in ((1, 4, "smem"), (-(-5 * sms // (2 * 32 * 8)), 32, "warp")):
+    for B, HV, want in ((1, 4, "smem16"), (1, 2 * (sms // 8) + 2, "smem"),
+                        (-(-5 * sms // (2 * 32 * 8)), 32, "warp")):
         x = make_inputs(B, 130, 16 if HV == 32 else 2, HV, 128, 128, dtype=torch.bfloat16,
                         state=True, seed=5, device="cuda")
         out, noted = {}, {}
-        for p in ("auto", "warp", "smem"):
+        for p in ("auto", "warp", "smem", "smem16"):
             monkeypatch.setenv("WORKBENCH_GDN_MMA_PASS", p)
             with kernel_log() as log:
                 out[p] = gdn.chunked(**x, qk_l2norm=True, backend="ext")
@@ -372,6 +381,7 @@ def test_cuda_mma_pass_choice(monkeypatch):
             assert noted[p] == "mma/" + ext.mma_pass(B, HV, 128, torch.bfloat16)
         assert all(torch.equal(a, b) for a, b in zip(out["auto"], out[want])), (B, HV, want)
         assert noted["auto"].startswith(f"mma/{want}") and noted["smem"] == "mma/smem"
+        assert all(torch.equal(a, b) for a, b in zip(out["smem"], out["smem16"]))
         assert workbench.compare(out["smem"][1], out["warp"][1]).rel_l2 <= 1e-5
         assert workbench.compare(out["smem"][0].float(), out["warp"][0].float()).rel_l2 <= 1e-3
 
