@@ -2,6 +2,7 @@
 # One device call's worth of GDN mma checks, results written under $OUT with their headers
 # (command, device, versions, date, commit), ready to copy into benchmarks/results/.
 #
+#   COMMIT=$(git rev-parse --short HEAD) (here) names the commit in the headers
 #   OUT=$OUT bash benchmarks/gdn_gpu_session.sh tests    # the mma path's GPU tests, every pass forced,
 #                                                       # and the CPU emulation against the GPU
 #   OUT=$OUT bash benchmarks/gdn_gpu_session.sh tests NODE...  # those tests only
@@ -23,7 +24,10 @@ shift || true
 out=${OUT:?set OUT to the folder the results go to}
 limit=${SESSION_LIMIT:-500}
 day=$(date -u +%Y%m%d)
-commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+# the device's copy of the tree may carry older git metadata than its files: COMMIT=... names the
+# local commit, and the header adds the hash of gdn_mma.cu as it is in the copied tree
+commit=${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
+commit="$commit, gdn_mma.cu sha256 $(sha256sum kernels/gdn/gdn_mma.cu 2>/dev/null | cut -c1-12)"
 header() {
   python3 - "$1" "$commit" <<'PY'
 import datetime, sys, platform
@@ -40,6 +44,14 @@ print(f"# device: {dev}, Python {platform.python_version()}, torch {torch.__vers
       f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC; commit {sys.argv[2]}")
 PY
 }
+stamp() {  # the commit line of the headers into a JSON result
+  [ -f "$1" ] && python3 - "$1" "$commit" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+d["commit"] = sys.argv[2]
+open(sys.argv[1], "w").write(json.dumps(d, indent=1))
+PY
+}
 case "$mode" in
   tests)
     cmd="pytest -q -m gpu tests/kernels/gdn/test_varlen.py tests/kernels/test_graph_capture.py tests/kernels/gdn/test_ext.py tests/kernels/gdn/test_mma_emu.py tests/kernels/gdn/test_cuda_scalar_emu.py -k 'mma or packed or capturable or emul'"
@@ -53,12 +65,14 @@ case "$mode" in
     args=(--variants smem smem16 warp pair auto --out "$f")
     [ $# -gt 0 ] && args+=(--only "$@")
     timeout "$limit" python3 benchmarks/gdn_pass_ab.py "${args[@]}" 2>&1 | tail -20
+    stamp "$f"
     ;;
   matrix)
     f="$out/gdn-matrix-$day.json"
     args=(--skip decode --out "$f")
     [ $# -gt 0 ] && args+=(--only "$@")
     timeout "$limit" python3 benchmarks/gdn_matrix.py "${args[@]}" 2>&1 | tail -20
+    stamp "$f"
     ;;
   phases)
     f="$out/gdn-phases-$day.txt"
