@@ -141,7 +141,7 @@ def test_mma_pass_plan(monkeypatch):
     assert ext.mma_pass(1, 4, 128, bf16, sms=132) == "warp2"
     monkeypatch.setenv("WORKBENCH_GDN_MMA_PASS", "smem")
     assert ext.mma_pass(8, 32, 128, bf16, sms=132) == "smem" == ext.mma_pass(1, 4, 128, bf16, sms=132)
-    monkeypatch.setenv("WORKBENCH_GDN_MMA_PASS", "smem16")  # forced only, any grid or dtype
+    monkeypatch.setenv("WORKBENCH_GDN_MMA_PASS", "smem16")  # forced: any grid or dtype
     assert ext.mma_pass(8, 32, 128, bf16, sms=132) == "smem16" == ext.mma_pass(1, 32, 64, f32, sms=132)
     monkeypatch.setenv("WORKBENCH_GDN_MMA_PASS", "pair")  # forced only; 16 columns a pair
     pair_cases = [
