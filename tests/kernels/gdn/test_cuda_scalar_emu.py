@@ -81,3 +81,33 @@ def test_emulated_recurrence_matches_the_gpu():
     go, gs = gdn.recurrent(**{n: t.cuda() for n, t in x.items()}, qk_l2norm=True, backend="ext",
                            policy=workbench.Policy(output_dtype="fp32"))
     assert workbench.compare(eo, go.cpu()).rel_l2 <= 1e-5 and workbench.compare(es, gs.cpu()).rel_l2 <= 1e-5
+
+
+def test_emulated_failure_keeps_the_error_and_adds_the_reason():
+    """A failed emulated launch raises the launch's own error (type, key, fix) with the emulation's
+    reason added; without a reason, the error as it was; CUDA tensors are refused."""
+    from workbench.errors import BackendUnavailableError, KernelArgumentError
+    from workbench.kernels.gdn import _emu
+
+    class Lib:  # a build whose last launch failed, or did not
+        def __init__(self, why):
+            self.why = why
+
+        def wb_emu_last_failure(self):
+            return self.why
+
+    err = BackendUnavailableError("native gdn chunked (cuda) failed: cudaErrorLaunchFailure (status 719)",
+                                  key="backend", fix="see the status name")
+    with pytest.raises(BackendUnavailableError) as e:
+        with _emu.explained(Lib(b"deadlock: block (0, 0) warp 3 waits at barrier 1")):
+            raise err
+    assert e.value.message == f"{err.message}; emulation: deadlock: block (0, 0) warp 3 waits at barrier 1"
+    assert (e.value.key, e.value.fix, e.value.__cause__) == ("backend", "see the status name", err)
+    with pytest.raises(BackendUnavailableError) as e:
+        with _emu.explained(Lib(b"")):
+            raise err
+    assert e.value is err
+    if torch.cuda.is_available():
+        with pytest.raises(KernelArgumentError, match="CPU tensors"):
+            _emu.require_cpu(torch.zeros(1, device="cuda"))
+    _emu.require_cpu(torch.zeros(1), None)

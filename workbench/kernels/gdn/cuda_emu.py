@@ -14,10 +14,10 @@ import ctypes
 
 import torch
 
-from workbench.errors import KernelArgumentError
 from workbench.kernels import _abi, _native
 from workbench.kernels._abi import GdnArgs
 from workbench.kernels.gdn import ext
+from workbench.kernels.gdn._emu import bind_failure, explained, require_cpu
 from workbench.kernels.gdn._launch import empty_result, stage, stage_direct
 from workbench.numerics.policy import Policy
 
@@ -36,23 +36,9 @@ def library() -> ctypes.CDLL:
         lib = _native.load("gdn_cuda_emu", SOURCES, kind="cpu", headers=HEADERS)
         _abi.bind(lib, {"gdn_recurrent_cuda": GdnArgs, "gdn_chunked_cuda": GdnArgs})
         _abi.check_layout(lib, GdnArgs)
-        lib.wb_emu_last_failure.argtypes, lib.wb_emu_last_failure.restype = [], ctypes.c_char_p
+        bind_failure(lib)
         _lib = lib
     return _lib
-
-
-def _cpu(*ts):
-    if any(isinstance(t, torch.Tensor) and t.is_cuda for t in ts):
-        raise KernelArgumentError("q: the emulation takes CPU tensors", key="q",
-                                  fix="run the CUDA build (backend='ext') on CUDA tensors")
-
-
-def _call(fn, a, what):
-    lib = library()
-    rc = getattr(lib, fn)(ctypes.byref(a))
-    if rc != _abi.WB_OK:
-        why = (lib.wb_emu_last_failure() or b"").decode()
-        raise _abi.status_error(lib, rc, f"{what} (emulated)" + (f"; emulation: {why}" if why else ""))
 
 
 def recurrent(q, k, v, g, beta, *, scale=None, initial_state=None, qk_l2norm=False,
@@ -60,7 +46,7 @@ def recurrent(q, k, v, g, beta, *, scale=None, initial_state=None, qk_l2norm=Fal
     """``gdn.recurrent`` on the CUDA recurrence kernel, emulated: q, k, v (one dtype), g and beta in
     float32 / bf16 / fp16 read as given, ``qk_l2norm`` applied in the kernel, o in
     ``output_dtype`` (None: v's dtype); (o, final state)."""
-    _cpu(q, k, v, g, beta, initial_state)
+    require_cpu(q, k, v, g, beta, initial_state)
     p = Policy(accum_dtype=accum_dtype)
     s, tensors, h0, state, o, out = stage_direct(q, k, v, g, beta, scale, initial_state, p)
     if output_dtype is not None:
@@ -68,11 +54,10 @@ def recurrent(q, k, v, g, beta, *, scale=None, initial_state=None, qk_l2norm=Fal
         o = torch.empty(s.B, s.T, s.HV, s.V, dtype=out)
     if s.T == 0 or s.B == 0:
         return o.to(out), empty_result(h0, state)
-    a = GdnArgs.of(q=tensors[0], k=tensors[1], v=tensors[2], g=tensors[3], beta=tensors[4], o=o,
-                   state=state, B=s.B, T=s.T, H=s.H, HV=s.HV, K=s.K, V=s.V, scale=s.scale, chunk=0,
-                   acc64=int(accum_dtype == "fp64"))
-    ext._recurrence_args(a, tensors, o, state, h0, h0 is None, qk_l2norm)
-    _call("gdn_recurrent_cuda", a, "gdn recurrent (cuda)")
+    lib = library()
+    with explained(lib):
+        ext.launch("recurrent", s, 0, int(accum_dtype == "fp64"), tensors, state, o,
+                   qk_l2norm=qk_l2norm, h0=h0, zero_state=h0 is None, lib=lib)
     return o.to(out), state
 
 
@@ -81,17 +66,14 @@ def chunked(q, k, v, g, beta, *, scale=None, initial_state=None, qk_l2norm=False
     """``gdn.chunked`` on the CUDA build's scalar path (three launches, float32 storage), emulated:
     q and k normalized first when ``qk_l2norm`` (as ``ext.staged`` does off the mma path);
     (o float32, final state)."""
-    _cpu(q, k, v, g, beta, initial_state)
+    require_cpu(q, k, v, g, beta, initial_state)
     p = Policy(accum_dtype=accum_dtype)
     s, _, C, tensors, state, _ = stage("ext", q, k, v, g, beta, scale, initial_state, bool(qk_l2norm), p,
                                        chunk_size)
     o = torch.empty(s.B, s.T, s.HV, s.V, dtype=torch.float32)
     if s.T == 0:
         return o, state
-    a = GdnArgs.of(q=tensors[0], k=tensors[1], v=tensors[2], g=tensors[3], beta=tensors[4], o=o,
-                   state=state, B=s.B, T=s.T, H=s.H, HV=s.HV, K=s.K, V=s.V, scale=s.scale, chunk=C,
-                   acc64=int(accum_dtype == "fp64"))
-    ws = (torch.empty(s.B, s.HV, s.T), torch.empty(s.B, s.HV, s.T, s.K), torch.empty(s.B, s.HV, s.T, s.V))
-    a.gcum, a.W, a.U = (w.data_ptr() for w in ws)
-    _call("gdn_chunked_cuda", a, "gdn chunked (cuda, scalar)")
+    lib = library()
+    with explained(lib):
+        ext.launch("chunked", s, C, int(accum_dtype == "fp64"), tensors, state, o, lib=lib)
     return o, state

@@ -276,7 +276,7 @@ def _run(op, q, k, v, g, beta, scale, initial_state, qk_l2norm, policy, chunk_si
 
 
 def launch(op, s, C, acc64, tensors, state, o, path="scalar", qk_l2norm=False, h0=None, zero_state=False,
-           cu_seqlens=None):
+           cu_seqlens=None, lib=None):
     """Run the native kernel on staged contiguous tensors (float32; see ``path`` for the mma
     path's bf16 / fp16); ``state`` is updated in place.
 
@@ -292,10 +292,13 @@ def launch(op, s, C, acc64, tensors, state, o, path="scalar", qk_l2norm=False, h
     (other paths take q and k normalized already). On the mma path ``cu_seqlens`` (the packed
     batch's offsets, ints, checked) runs a packed batch (B = 1, ``state`` one per sequence) in one
     launch pair per 128 sequences.
+
+    ``lib``: another build of the CUDA build's entry points, run on CPU tensors as the CUDA build
+    would be (the host emulations, :mod:`cuda_emu` and :mod:`mma_emu`).
     """
     q = tensors[0]
-    kind = "cuda" if q.is_cuda else "cpu"
-    if kind == "cpu" and q.device.type != "cpu":
+    kind = "cuda" if q.is_cuda or lib is not None else "cpu"
+    if not q.is_cuda and q.device.type != "cpu":
         raise KernelArgumentError(f"q: expected a CPU or CUDA tensor for backend 'ext', got "
                                   f"device {q.device}", key="q")
     if kind == "cuda" and op == "recurrent" and s.K not in CUDA_K:
@@ -304,10 +307,10 @@ def launch(op, s, C, acc64, tensors, state, o, path="scalar", qk_l2norm=False, h
     if qk_l2norm and not (op == "recurrent" or (kind == "cuda" and path == "mma")):
         raise KernelArgumentError("qk_l2norm: only the recurrence and the mma path apply the L2 norm "
                                   "themselves; normalize q and k first (ext.staged does)", key="qk_l2norm")
-    lib = library(kind)
+    lib = lib or library(kind)
     a = GdnArgs.of(q=tensors[0], k=tensors[1], v=tensors[2], g=tensors[3], beta=tensors[4], o=o, state=state,
                    B=s.B, T=s.T, H=s.H, HV=s.HV, K=s.K, V=s.V, scale=s.scale, chunk=C, acc64=acc64)
-    if kind == "cuda":
+    if q.is_cuda:
         with torch.cuda.device(q.device):
             a.stream = torch.cuda.current_stream().cuda_stream
     if op == "recurrent":

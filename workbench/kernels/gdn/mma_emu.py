@@ -32,6 +32,7 @@ from workbench.errors import KernelArgumentError
 from workbench.kernels import _abi, _native
 from workbench.kernels._abi import GdnArgs
 from workbench.kernels.gdn import ext
+from workbench.kernels.gdn._emu import bind_failure, explained, require_cpu
 from workbench.kernels.gdn._launch import stage
 from workbench.kernels.gdn._varlen import check_packed
 from workbench.numerics.policy import Policy
@@ -59,7 +60,7 @@ def library(lib: ctypes.CDLL | None = None) -> ctypes.CDLL:
         lib.gdn_chunked_mma_varlen_cuda.restype = ctypes.c_int
         lib.gdn_mma_pass_plan.argtypes = [ctypes.c_int] * 4
         lib.gdn_mma_pass_plan.restype = ctypes.c_int
-        lib.wb_emu_last_failure.argtypes, lib.wb_emu_last_failure.restype = [], ctypes.c_char_p
+        bind_failure(lib)
         lib._emu_typed = True
         if own:
             _lib = lib
@@ -84,9 +85,7 @@ def chunked(q, k, v, g, beta, *, scale=None, initial_state=None, qk_l2norm=False
     fp16, written by the kernel). ``cu_seqlens``: a packed batch (B = 1, one state per sequence)
     in one launch pair per 128 sequences, as on the GPU. ``lib``: another build (:func:`library`).
     """
-    if any(t.is_cuda for t in (q, k, v, g, beta)):
-        raise KernelArgumentError("q: the emulation takes CPU tensors", key="q",
-                                  fix="run the CUDA build (backend='ext') on CUDA tensors")
+    require_cpu(q, k, v, g, beta, initial_state)
     offs = None
     if cu_seqlens is not None:
         offs = check_packed(q, k, v, cu_seqlens, initial_state)
@@ -104,15 +103,8 @@ def chunked(q, k, v, g, beta, *, scale=None, initial_state=None, qk_l2norm=False
     o = torch.full((s.B, s.T, s.HV, s.V), float("nan"), dtype=out)
     if s.T == 0:
         return o, state
-    a = GdnArgs.of(q=tensors[0], k=tensors[1], v=tensors[2], g=tensors[3], beta=tensors[4], o=o,
-                   state=state, B=s.B, T=s.T, H=s.H, HV=s.HV, K=s.K, V=s.V, scale=s.scale, chunk=C,
-                   acc64=0)
     lib = library(lib)
-    try:
-        ext._launch_mma(lib, a, s, C, 0, tensors, o, bool(qk_l2norm), offs)
-    except Exception as e:
-        why = (lib.wb_emu_last_failure() or b"").decode()
-        if why:
-            raise type(e)(f"{e}; emulation: {why}", key="backend") from e
-        raise
+    with explained(lib):
+        ext.launch("chunked", s, C, 0, tensors, state, o, path="mma", qk_l2norm=bool(qk_l2norm),
+                   cu_seqlens=offs, lib=lib)
     return o, state
