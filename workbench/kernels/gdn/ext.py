@@ -147,7 +147,8 @@ def _sm_count(device: torch.device) -> int:
 def mma_pass(B: int, HV: int, V: int, dtype: torch.dtype, sms: int | None = None) -> str:
     """The pass the mma path's launcher takes for ``B`` x ``HV`` heads of ``V`` value columns with
     q, k, v in ``dtype``: ``"smem"`` (the shared-memory pass), ``"smem16"`` (the same at 16 value
-    columns a block; only when forced), ``"warpN"`` (the warp-resident pass, N warps a block) or
+    columns a block, bit for bit: with 16-bit inputs where 32-column blocks would fill at most
+    half the SMs), ``"warpN"`` (the warp-resident pass, N warps a block) or
     ``"pairN"`` (the warp-pair pass, N warps a block, two a 16-column group; only when forced), on
     a GPU of ``sms`` SMs (None: the current CUDA device's). The
     launcher's own rule (``kernels/gdn/gdn_mma.cu``, ``WORKBENCH_GDN_MMA_PASS`` included), asked
