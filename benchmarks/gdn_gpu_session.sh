@@ -9,7 +9,8 @@
 #   OUT=$OUT bash benchmarks/gdn_gpu_session.sh ab [shape filters...]
 #                                                       # gdn_pass_ab: smem smem16 warp pair auto vs fla
 #   OUT=$OUT bash benchmarks/gdn_gpu_session.sh matrix [shape filters...]
-#                                                       # gdn_matrix prefill rows vs fla
+#                                                       # gdn_matrix prefill rows vs fla;
+#                                                       # MATRIX_ARGS=--kernels adds GPU time per kernel
 #   OUT=$OUT bash benchmarks/gdn_gpu_session.sh phases [passes...]
 #                                                       # prepare / pass GPU time at B1 T8192 HV32,
 #                                                       # each pass forced (default: all four);
@@ -69,7 +70,7 @@ case "$mode" in
     ;;
   matrix)
     f="$out/gdn-matrix-$day.json"
-    args=(--skip decode --out "$f")
+    args=(--skip decode --out "$f" ${MATRIX_ARGS:-})
     [ $# -gt 0 ] && args+=(--only "$@")
     timeout "$limit" python3 benchmarks/gdn_matrix.py "${args[@]}" 2>&1 | tail -20
     stamp "$f"

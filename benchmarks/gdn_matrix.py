@@ -95,7 +95,21 @@ def prefill_calls(chunk, B, T, H, HV, K, V, norm):
     return ours, peer, lengths, total, x["q"].dtype
 
 
-def prefill(rows, errors, dump=lambda: None, only=None):
+def per_kernel(fn, reps=5):
+    """{kernel name: GPU microseconds a call} of fn's eager calls (torch.profiler), largest first:
+    where each side's time goes (the graphed time minus their sum is launch gaps)."""
+    from torch.profiler import ProfilerActivity, profile
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            fn()
+        torch.cuda.synchronize()
+    got = {e.key[:120]: e.device_time_total / reps for e in prof.key_averages() if e.device_time_total > 0}
+    return dict(sorted(got.items(), key=lambda kv: -kv[1]))
+
+
+def prefill(rows, errors, dump=lambda: None, only=None, kernels=False):
     chunk, _ = _fla()
     for name, B, T, H, HV, K, V, norm in PREFILL:
         if only and not any(o in name for o in only):
@@ -119,6 +133,9 @@ def prefill(rows, errors, dump=lambda: None, only=None):
                          "ms_ours": t_ours, "ms_fla": t_peer, "ratio": t_peer / t_ours,
                          "ms_ours_runs": runs_ours, "ms_fla_runs": runs_peer,
                          "rel_l2_o_vs_fla": _rel(o1, o2), "rel_l2_state_vs_fla": _rel(s1, s2)})
+            if kernels:
+                rows[-1]["us_per_kernel_ours"] = per_kernel(ours)
+                rows[-1]["us_per_kernel_fla"] = per_kernel(peer)
             print(json.dumps(rows[-1]))
         except Exception:
             errors.append({"shape": name, "error": traceback.format_exc()[-1500:]})
@@ -162,6 +179,8 @@ def main():
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--skip", nargs="*", default=[], choices=["prefill", "decode"])
     ap.add_argument("--only", nargs="*", default=None, help="prefill shapes whose name contains one of these")
+    ap.add_argument("--kernels", action="store_true",
+                    help="also record each prefill side's GPU time per kernel (torch.profiler, eager calls)")
     ap.add_argument("--decode-backends", nargs="+", default=["ext", "numba"], choices=["ext", "numba"])
     args = ap.parse_args()
     rows, errors = [], []
@@ -188,7 +207,7 @@ def main():
         return summary
 
     if "prefill" not in args.skip:
-        prefill(rows, errors, dump, args.only)
+        prefill(rows, errors, dump, args.only, args.kernels)
     if "decode" not in args.skip:
         decode(rows, errors, args.decode_backends, dump)
     print("summary:", json.dumps(dump()))
