@@ -1,7 +1,8 @@
 """A/B of the GDN mma prefill's passes: the warp-resident pass, the shared-memory pass and its
 16-column blocks (smem16), each forced (WORKBENCH_GDN_MMA_PASS, read by the launcher at each
 call), with fla's chunk_gated_delta_rule alongside, over the prefill shapes of gdn_matrix.py, in
-one process. Times are CUDA-graph replays (median of triton's do_bench); "auto" is the
+one process. Times are CUDA-graph replays (median of triton's do_bench; with ``--rounds N`` each
+variant and fla are timed in turn N times and the lowest median of each is kept); "auto" is the
 launcher's own choice (auto_plan: the pass ext.mma_pass names; auto_took: the forced pass(es)
 auto matched bit for bit).
 
@@ -45,6 +46,8 @@ def main():
     ap.add_argument("--env", default="WORKBENCH_GDN_MMA_PASS", help="the variable the variants set")
     ap.add_argument("--variants", nargs="+", default=list(VARIANTS))
     ap.add_argument("--only", nargs="*", default=None, help="shapes whose name contains one of these")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="times each variant and fla in turn this many times (the lowest median each)")
     args = ap.parse_args()
     variants = args.variants
     chunk, _ = _fla()
@@ -57,14 +60,22 @@ def main():
         # the launcher's rule (a packed batch: one launch of HV times up to 128 sequences)
         row = {"shape": name, "env": args.env,
                "auto_plan": ext.mma_pass(min(len(lengths), 128) if lengths else B, HV, V, dtype)}
-        outs = {}
+        outs, graphs = {}, {}
         for label in variants:
             _force(args.env, label)
             outs[label] = ours()
-            row[f"ms_{label}"] = _bench(_graphed(ours))
+            graphs[label] = _graphed(ours)  # the variable is read at capture: the graph keeps it
         os.environ.pop(args.env, None)
         of, _ = peer()
-        row["ms_fla"] = _bench(_graphed(peer))
+        graphs["fla"] = _graphed(peer)
+        # rounds of every variant and fla in turn; each side's lowest median
+        for label, g in graphs.items():
+            row[f"ms_{label}_runs"] = []
+        for _ in range(args.rounds):
+            for label, g in graphs.items():
+                row[f"ms_{label}_runs"].append(_bench(g))
+        for label in graphs:
+            row[f"ms_{label}"] = min(row[f"ms_{label}_runs"])
         for label in variants:
             row[f"ratio_{label}"] = row["ms_fla"] / row[f"ms_{label}"]
         first = variants[0]
