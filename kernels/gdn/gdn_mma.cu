@@ -672,15 +672,18 @@ struct PrepSmem {
                        nk = nq + kC, floats = nk + kC;
 };
 
-// Per (b, hv, chunk), all chunks in parallel: the cumulative decays gc, Tinv = (I + A)^-1 and
-// PT = P Tinv (to tinv: kChunkWs floats per chunk, Tinv then PT, [64][64] each, rounded to tf32;
-// both lower triangular, Tinv with a unit diagonal and identity rows past the chunk's end; then
-// the passes' per-position factors from gc, beta and the L2-norm factors, kFac), with
-// P = (Q K^T) * exp(gc_i - gc_j) (lower, with the diagonal; rounded to tf32). A and P by mma from
-// the raw keys and queries (rounded at the fragment loads), scaled after by the L2-norm factors;
-// the 16 x 16 diagonal blocks of (I + A)^-1 in float32 (warps 0-1, gdn_mma.h); the identity's
-// columns by blocked forward substitution (warps 0-1, 32 columns each) while warps 2-7 form P;
-// then PT by mma (every warp, one 16 x 32 tile).
+// Per (b, h, chunk), all chunks in parallel, for each of the HV / H value heads hv of key head h
+// in turn: the cumulative decays gc, Tinv = (I + A)^-1 and PT = P Tinv (to tinv: kChunkWs floats
+// per chunk and value head, Tinv then PT, [64][64] each, rounded to tf32; both lower triangular,
+// Tinv with a unit diagonal and identity rows past the chunk's end; then the passes' per-position
+// factors from gc, beta and the L2-norm factors, kFac), with P = (Q K^T) * exp(gc_i - gc_j)
+// (lower, with the diagonal; rounded to tf32). The raw products K K^T and Q K^T by mma from the
+// keys and queries as given (rounded at the fragment loads), once for the key head and kept in
+// registers (they do not depend on hv: the value heads of a key head share them bit for bit);
+// then for each hv: A = K K^T decayed, scaled by beta and the L2-norm factors; the 16 x 16
+// diagonal blocks of (I + A)^-1 in float32 (warps 0-1, gdn_mma.h); the identity's columns by
+// blocked forward substitution (warps 0-1, 32 columns each) while warps 2-7 form P from their
+// Q K^T; then PT by mma (every warp, one 16 x 32 tile).
 template <int K, typename QT>
 __global__ void __launch_bounds__(kThreads, 2)
 mma_prepare(const QT* __restrict__ q, const QT* __restrict__ k, const float* __restrict__ g,
@@ -701,128 +704,141 @@ mma_prepare(const QT* __restrict__ q, const QT* __restrict__ k, const float* __r
   float* bt = sm + S::bt;  // [C] beta
   float* nqv = sm + S::nq;  // [C] the L2-norm factors of the queries (1: none)
   float* nkv = sm + S::nk;  // [C] and of the keys
-  // block x = (b HV + hv) NC + chunk, or packed: hv pk.nc + chunk (NC = pk.nc)
-  int b, hv, t0, L;
+  // block x = (b H + h) NC + chunk, or packed: h pk.nc + chunk (NC = pk.nc); the workspace row
+  // of value head hv: (b HV + hv) NC + chunk, or packed hv pk.nc + chunk
+  int b, h, t0, L, row0, hstride;
   if (pk.n == 0) {
     const int bh = blockIdx.x / NC, n = blockIdx.x % NC;
-    b = bh / HV, hv = bh % HV, t0 = n * kC, L = gdn::imin(kC, T - t0);
+    b = bh / H, h = bh % H, t0 = n * kC, L = gdn::imin(kC, T - t0);
+    row0 = b * HV * NC + n, hstride = NC;
   } else {
     const int c = blockIdx.x % pk.nc, i = packed_seq_of_chunk(pk, c);
-    b = 0, hv = blockIdx.x / pk.nc, t0 = pk.tok[i] + (c - pk.chk[i]) * kC;
+    b = 0, h = blockIdx.x / pk.nc, t0 = pk.tok[i] + (c - pk.chk[i]) * kC;
     L = gdn::imin(kC, pk.tok[i + 1] - t0);
+    row0 = c, hstride = pk.nc;
   }
-  const int h = hv / (HV / H);
+  const int G = HV / H;  // value heads a key head
   const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, gq = lane >> 2, tq = lane & 3;
-  float* out = tinv + (long)blockIdx.x * kChunkWs;  // Tinv, PT, then the passes' factors
   load_tile<kC, K, SK>(Ks, k + gdn::qk_index(b, t0, h, T, H, K), (long)H * K, L, tid);
   load_tile<kC, K, SK>(Qs, q + gdn::qk_index(b, t0, h, T, H, K), (long)H * K, L, tid);
   cp_commit();
-  if (w == 0) {  // inclusive scan of g over the chunk, two steps per lane
-    const int i0 = 2 * lane, i1 = i0 + 1;
-    const float a0 = i0 < L ? g[gdn::gate_index(b, t0 + i0, hv, T, HV)] : 0.f;
-    const float a1 = i1 < L ? g[gdn::gate_index(b, t0 + i1, hv, T, HV)] : 0.f;
-    float s = a0 + a1;
-#pragma unroll
-    for (int off = 1; off < 32; off <<= 1) {
-      const float y = __shfl_up_sync(0xffffffffu, s, off);
-      if (lane >= off) s += y;
-    }
-    float ex = __shfl_up_sync(0xffffffffu, s, 1);
-    if (lane == 0) ex = 0.f;
-    const float c0 = ex + a0, c1 = c0 + a1;
-    gc[i0] = c0;
-    gc[i1] = c1;
-    bt[i0] = i0 < L ? beta[gdn::gate_index(b, t0 + i0, hv, T, HV)] : 0.f;
-    bt[i1] = i1 < L ? beta[gdn::gate_index(b, t0 + i1, hv, T, HV)] : 0.f;
-  } else if (w == 1) {  // the L2-norm factors of the chunk's queries and keys
+  if (w == 1) {  // the L2-norm factors of the chunk's queries and keys
     for (int i = lane; i < kC; i += 32) {
       nqv[i] = i < L ? norm_at(nq, qk_row(b, t0 + i, h, T, H)) : 1.f;
       nkv[i] = i < L ? norm_at(nk, qk_row(b, t0 + i, h, T, H)) : 1.f;
     }
-  } else {  // the identity, the right-hand sides of the substitution
-    for (int idx = tid - 64; idx < kC * kC; idx += kThreads - 64)
-      Ts[(idx / kC) * kTS + idx % kC] = idx / kC == idx % kC ? 1.f : 0.f;
   }
   cp_wait<0>();
   __syncthreads();
-  {  // A = K K^T, decayed and scaled, strictly lower (raw keys rounded at the fragment loads)
-    const int i0 = (w & 3) * 16, n0 = (w >> 2) * 32;
-    float acc[1][4][4];
-    zero(acc);
-    if (n0 <= i0 + 15) {
-      if constexpr (is_f32<QT>)
-        gemm<1, 4, K, SK, 1, 1, SK, true, true>(acc, Ks + i0 * SK, Ks + n0 * SK, lane);
-      else
-        gemm_rows16<4, K, SK, SK>(acc, Ks + i0 * SK, Ks + n0 * SK, lane);
+  // the raw products, kept for every value head: K K^T at rows ia.., columns na.. (zero tiles
+  // above the diagonal blocks are not formed), Q K^T (warps 2-7) at rows ip.., columns jp..
+  const int ia = (w & 3) * 16, na = (w >> 2) * 32;
+  const int ip = w < 6 ? 16 * (w - 2) : 16 * (w - 4), jp = w < 6 ? 0 : 32;
+  float ka[1][4][4], pa[1][4][4];
+  zero(ka);
+  zero(pa);
+  if (na <= ia + 15) {
+    if constexpr (is_f32<QT>)
+      gemm<1, 4, K, SK, 1, 1, SK, true, true>(ka, Ks + ia * SK, Ks + na * SK, lane);
+    else
+      gemm_rows16<4, K, SK, SK>(ka, Ks + ia * SK, Ks + na * SK, lane);
+  }
+  if (w >= 2) {
+    if constexpr (is_f32<QT>)
+      gemm<1, 4, K, SK, 1, 1, SK, true, true>(pa, Qs + ip * SK, Ks + jp * SK, lane);
+    else
+      gemm_rows16<4, K, SK, SK>(pa, Qs + ip * SK, Ks + jp * SK, lane);
+  }
+  for (int gi = 0; gi < G; ++gi) {
+    const int hv = h * G + gi;
+    float* out = tinv + (long)(row0 + (long)hv * hstride) * kChunkWs;  // Tinv, PT, the factors
+    if (w == 0) {  // inclusive scan of g over the chunk, two steps per lane
+      const int i0 = 2 * lane, i1 = i0 + 1;
+      const float a0 = i0 < L ? g[gdn::gate_index(b, t0 + i0, hv, T, HV)] : 0.f;
+      const float a1 = i1 < L ? g[gdn::gate_index(b, t0 + i1, hv, T, HV)] : 0.f;
+      float s = a0 + a1;
+#pragma unroll
+      for (int off = 1; off < 32; off <<= 1) {
+        const float y = __shfl_up_sync(0xffffffffu, s, off);
+        if (lane >= off) s += y;
+      }
+      float ex = __shfl_up_sync(0xffffffffu, s, 1);
+      if (lane == 0) ex = 0.f;
+      const float c0 = ex + a0, c1 = c0 + a1;
+      gc[i0] = c0;
+      gc[i1] = c1;
+      bt[i0] = i0 < L ? beta[gdn::gate_index(b, t0 + i0, hv, T, HV)] : 0.f;
+      bt[i1] = i1 < L ? beta[gdn::gate_index(b, t0 + i1, hv, T, HV)] : 0.f;
+    } else if (w >= 2) {  // the identity, the right-hand sides of the substitution
+      for (int idx = tid - 64; idx < kC * kC; idx += kThreads - 64)
+        Ts[(idx / kC) * kTS + idx % kC] = idx / kC == idx % kC ? 1.f : 0.f;
     }
+    __syncthreads();
+    // A = K K^T, decayed and scaled, strictly lower
 #pragma unroll
     for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
       for (int r = 0; r < 4; ++r) {
-        const int i = i0 + gq + 8 * (r >> 1), j = n0 + nt * 8 + 2 * tq + (r & 1);
-        const float a = j < i ? bt[i] * (acc[0][nt][r] * (nkv[i] * nkv[j])) * expf(gc[i] - gc[j])
+        const int i = ia + gq + 8 * (r >> 1), j = na + nt * 8 + 2 * tq + (r & 1);
+        const float a = j < i ? bt[i] * (ka[0][nt][r] * (nkv[i] * nkv[j])) * expf(gc[i] - gc[j])
                               : 0.f;
         As[i * kPS + j] = j / 16 < i / 16 ? rtf32(a) : a;  // below the diagonal blocks: operands
       }
-  }
-  __syncthreads();
-  if (tid < 64) {  // warps 0-1: the diagonal blocks of (I + A)^-1, one column each
-    const int o = (tid / 16) * 16, j = tid % 16;
-    float x[16];
-    gdn::inverse_diag16_column(As, kPS, o, j, x);
+    __syncthreads();
+    if (tid < 64) {  // warps 0-1: the diagonal blocks of (I + A)^-1, one column each
+      const int o = (tid / 16) * 16, j = tid % 16;
+      float x[16];
+      gdn::inverse_diag16_column(As, kPS, o, j, x);
 #pragma unroll
-    for (int i = 0; i < 16; ++i) Xs[(o + i) * kPS + o + j] = rtf32(x[i]);
-    // (I + A)^-1, 32 columns per warp: warp 0 formed diagonal blocks 0-1 and warp 1 blocks 2-3,
-    // and each warp's substitution reads all four, so the two warps meet first (named barrier)
-    named_sync<1, 64>();
-    solve_block_columns<kTS>(As, Xs, Ts + 32 * w, out + 32 * w, kC, lane);
-  } else {  // warps 2-7: P, one 16 x 32 tile each of the six on or below the diagonal
-    const int x = w - 2, i0 = x < 4 ? 16 * x : 16 * (x - 2), j0 = x < 4 ? 0 : 32;
-    float pa[1][4][4];
-    zero(pa);
-    if constexpr (is_f32<QT>)
-      gemm<1, 4, K, SK, 1, 1, SK, true, true>(pa, Qs + i0 * SK, Ks + j0 * SK, lane);
-    else
-      gemm_rows16<4, K, SK, SK>(pa, Qs + i0 * SK, Ks + j0 * SK, lane);
+      for (int i = 0; i < 16; ++i) Xs[(o + i) * kPS + o + j] = rtf32(x[i]);
+      // (I + A)^-1, 32 columns per warp: warp 0 formed diagonal blocks 0-1 and warp 1 blocks
+      // 2-3, and each warp's substitution reads all four, so the two warps meet first (named
+      // barrier)
+      named_sync<1, 64>();
+      solve_block_columns<kTS>(As, Xs, Ts + 32 * w, out + 32 * w, kC, lane);
+    } else {  // warps 2-7: P, one 16 x 32 tile each of the six on or below the diagonal
 #pragma unroll
-    for (int nt = 0; nt < 4; ++nt)
+      for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
-      for (int r = 0; r < 4; ++r) {
-        const int i = i0 + gq + 8 * (r >> 1), j = j0 + nt * 8 + 2 * tq + (r & 1);
-        Ps[i * kPS + j] =
-            j <= i ? rtf32(pa[0][nt][r] * (nqv[i] * nkv[j]) * expf(gc[i] - gc[j])) : 0.f;
-      }
-  }
-  __syncthreads();
-  {  // PT = P Tinv, rows 16 (w % 4).., columns 32 (w / 4).. (upper tiles: zeros, not computed)
-    const int i0 = (w & 3) * 16, j0 = (w >> 2) * 32;
-    float acc[1][4][4];
-    zero(acc);
-    if (j0 <= i0 + 15) gemm_to<1, 4, kPS, 1, kTS, 1>(acc, Ps + i0 * kPS, Ts + j0, i0 + 16, lane);
-#pragma unroll
-    for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-      for (int hf = 0; hf < 2; ++hf) {
-        const int i = i0 + gq + 8 * hf, c = j0 + nt * 8 + 2 * tq;
-        *reinterpret_cast<float2*>(out + kC * kC + i * kC + c) =
-            make_float2(rtf32(acc[0][nt][2 * hf]), rtf32(acc[0][nt][2 * hf + 1]));
-      }
-  }
-  {  // the passes' per-position factors (kFac): the expressions the passes evaluated themselves
-     // until 2026-12-05, on the values they staged then (past the chunk's end gc 0, beta 0 and
-     // norm factors 1), so the bits are theirs (benchmarks/gdn_emu_bitwise.py)
-    const float gl = gc[L - 1];
-    for (int idx = tid; idx < kFacRows * kC; idx += kThreads) {
-      const int part = idx / kC, i = idx % kC;
-      const float gi = i < L ? gc[i] : 0.f;
-      float f;
-      if (part == 0) f = expf(gi) * nkv[i];
-      else if (part == 1) f = expf(gi) * nqv[i];
-      else if (part == 2) f = bt[i];
-      else if (part == 3) f = i < L ? expf(gl - gc[i]) * nkv[i] : 0.f;
-      else f = i == 0 ? expf(gl) : 0.f;
-      out[kFac + idx] = f;
+        for (int r = 0; r < 4; ++r) {
+          const int i = ip + gq + 8 * (r >> 1), j = jp + nt * 8 + 2 * tq + (r & 1);
+          Ps[i * kPS + j] =
+              j <= i ? rtf32(pa[0][nt][r] * (nqv[i] * nkv[j]) * expf(gc[i] - gc[j])) : 0.f;
+        }
     }
+    __syncthreads();
+    {  // PT = P Tinv, rows 16 (w % 4).., columns 32 (w / 4).. (upper tiles: zeros, not computed)
+      const int i0 = (w & 3) * 16, j0 = (w >> 2) * 32;
+      float acc[1][4][4];
+      zero(acc);
+      if (j0 <= i0 + 15)
+        gemm_to<1, 4, kPS, 1, kTS, 1>(acc, Ps + i0 * kPS, Ts + j0, i0 + 16, lane);
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+          const int i = i0 + gq + 8 * hf, c = j0 + nt * 8 + 2 * tq;
+          *reinterpret_cast<float2*>(out + kC * kC + i * kC + c) =
+              make_float2(rtf32(acc[0][nt][2 * hf]), rtf32(acc[0][nt][2 * hf + 1]));
+        }
+    }
+    {  // the passes' per-position factors (kFac): the expressions the passes evaluated themselves
+       // until 2026-12-05, on the values they staged then (past the chunk's end gc 0, beta 0 and
+       // norm factors 1), so the bits are theirs (benchmarks/gdn_emu_bitwise.py)
+      const float gl = gc[L - 1];
+      for (int idx = tid; idx < kFacRows * kC; idx += kThreads) {
+        const int part = idx / kC, i = idx % kC;
+        const float gi = i < L ? gc[i] : 0.f;
+        float f;
+        if (part == 0) f = expf(gi) * nkv[i];
+        else if (part == 1) f = expf(gi) * nqv[i];
+        else if (part == 2) f = bt[i];
+        else if (part == 3) f = i < L ? expf(gl - gc[i]) * nkv[i] : 0.f;
+        else f = i == 0 ? expf(gl) : 0.f;
+        out[kFac + idx] = f;
+      }
+    }
+    __syncthreads();  // the next value head overwrites gc, beta, A, Tinv and P
   }
 }
 
@@ -1825,9 +1841,10 @@ cudaError_t launch_chunks(const GdnArgs* a, float* state, int seqs, int NC, cons
   const int HV = a->HV, V = a->V;
   cudaError_t err;
   if ((err = allow_smem(mma_prepare<K, QT>, s1)) != cudaSuccess) return err;
-  // prepare: a block per chunk and head (packed: the launch's NC = pk.nc chunks, all sequences)
+  // prepare: a block per chunk and key head, for its HV / H value heads (packed: the launch's
+  // NC = pk.nc chunks, all sequences)
   const int chunks = pk.n ? NC : seqs * NC;
-  WB_LAUNCH(chunks * HV, kThreads, s1, s, mma_prepare<K, QT>)(q, k, a->g, a->beta, a->nq, a->nk,
+  WB_LAUNCH(chunks * a->H, kThreads, s1, s, mma_prepare<K, QT>)(q, k, a->g, a->beta, a->nq, a->nk,
                                                                a->tinv, a->T, a->H, HV, NC, pk);
   const int nw = pass_plan(seqs * HV, V, is_f32<QT>, sm_count());
   if (nw == 0) return launch_pass<K, QT, 32>(a, state, seqs, NC, pk, s);
