@@ -689,7 +689,7 @@ __global__ void __launch_bounds__(kThreads, 2)
 mma_prepare(const QT* __restrict__ q, const QT* __restrict__ k, const float* __restrict__ g,
             const float* __restrict__ beta, const float* __restrict__ nq,
             const float* __restrict__ nk, float* __restrict__ tinv, int T, int H, int HV, int NC,
-            const Packed pk) {
+            int hvs, const Packed pk) {
   using S = PrepSmem<K, QT>;
   constexpr int SK = S::SK;
   WB_DYNAMIC_SMEM(float4, smem4);
@@ -704,20 +704,23 @@ mma_prepare(const QT* __restrict__ q, const QT* __restrict__ k, const float* __r
   float* bt = sm + S::bt;  // [C] beta
   float* nqv = sm + S::nq;  // [C] the L2-norm factors of the queries (1: none)
   float* nkv = sm + S::nk;  // [C] and of the keys
-  // block x = (b H + h) NC + chunk, or packed: h pk.nc + chunk (NC = pk.nc); the workspace row
-  // of value head hv: (b HV + hv) NC + chunk, or packed hv pk.nc + chunk
-  int b, h, t0, L, row0, hstride;
+  // hvs value heads a block (HV / H: all of a key head's; 1: one, as before 2026-12-06, for the
+  // A/B), the group x of HV / hvs: block x = (b HV / hvs + x) NC + chunk, or packed
+  // x pk.nc + chunk (NC = pk.nc); the workspace row of value head hv: (b HV + hv) NC + chunk, or
+  // packed hv pk.nc + chunk
+  const int groups = HV / hvs;
+  int b, hv0, t0, L, row0, hstride;
   if (pk.n == 0) {
-    const int bh = blockIdx.x / NC, n = blockIdx.x % NC;
-    b = bh / H, h = bh % H, t0 = n * kC, L = gdn::imin(kC, T - t0);
+    const int bx = blockIdx.x / NC, n = blockIdx.x % NC;
+    b = bx / groups, hv0 = (bx % groups) * hvs, t0 = n * kC, L = gdn::imin(kC, T - t0);
     row0 = b * HV * NC + n, hstride = NC;
   } else {
     const int c = blockIdx.x % pk.nc, i = packed_seq_of_chunk(pk, c);
-    b = 0, h = blockIdx.x / pk.nc, t0 = pk.tok[i] + (c - pk.chk[i]) * kC;
+    b = 0, hv0 = (blockIdx.x / pk.nc) * hvs, t0 = pk.tok[i] + (c - pk.chk[i]) * kC;
     L = gdn::imin(kC, pk.tok[i + 1] - t0);
     row0 = c, hstride = pk.nc;
   }
-  const int G = HV / H;  // value heads a key head
+  const int h = hv0 / (HV / H);
   const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, gq = lane >> 2, tq = lane & 3;
   load_tile<kC, K, SK>(Ks, k + gdn::qk_index(b, t0, h, T, H, K), (long)H * K, L, tid);
   load_tile<kC, K, SK>(Qs, q + gdn::qk_index(b, t0, h, T, H, K), (long)H * K, L, tid);
@@ -749,8 +752,8 @@ mma_prepare(const QT* __restrict__ q, const QT* __restrict__ k, const float* __r
     else
       gemm_rows16<4, K, SK, SK>(pa, Qs + ip * SK, Ks + jp * SK, lane);
   }
-  for (int gi = 0; gi < G; ++gi) {
-    const int hv = h * G + gi;
+  for (int gi = 0; gi < hvs; ++gi) {
+    const int hv = hv0 + gi;
     float* out = tinv + (long)(row0 + (long)hv * hstride) * kChunkWs;  // Tinv, PT, the factors
     if (w == 0) {  // inclusive scan of g over the chunk, two steps per lane
       const int i0 = 2 * lane, i1 = i0 + 1;
@@ -1843,9 +1846,12 @@ cudaError_t launch_chunks(const GdnArgs* a, float* state, int seqs, int NC, cons
   if ((err = allow_smem(mma_prepare<K, QT>, s1)) != cudaSuccess) return err;
   // prepare: a block per chunk and key head, for its HV / H value heads (packed: the launch's
   // NC = pk.nc chunks, all sequences)
+  // (WORKBENCH_GDN_MMA_PREPARE=value-head: a block per value head, for the A/B)
   const int chunks = pk.n ? NC : seqs * NC;
-  WB_LAUNCH(chunks * a->H, kThreads, s1, s, mma_prepare<K, QT>)(q, k, a->g, a->beta, a->nq, a->nk,
-                                                               a->tinv, a->T, a->H, HV, NC, pk);
+  const char* pe = getenv("WORKBENCH_GDN_MMA_PREPARE");
+  const int hvs = pe && !strcmp(pe, "value-head") ? 1 : HV / a->H;
+  WB_LAUNCH(chunks * (HV / hvs), kThreads, s1, s, mma_prepare<K, QT>)(
+      q, k, a->g, a->beta, a->nq, a->nk, a->tinv, a->T, a->H, HV, NC, hvs, pk);
   const int nw = pass_plan(seqs * HV, V, is_f32<QT>, sm_count());
   if (nw == 0) return launch_pass<K, QT, 32>(a, state, seqs, NC, pk, s);
   if (nw == 1) return launch_pass<K, QT, 16>(a, state, seqs, NC, pk, s);
