@@ -291,42 +291,6 @@ __device__ __forceinline__ void gemm_one(float (&acc)[1][NT][4], const TA* A, co
   gemm_pair<NT, KD, AI, AK, BK, BN, CA, CB, false>(acc, acc, A, A, B, kd, lane);
 }
 
-// Two row tiles of a lower-triangular A against one B: acc1 += A1 B over depth d1 and acc2 += A2 B
-// over depth d2 >= d1 (multiples of 8, at most kC; warp-uniform), A's rows k-contiguous (row
-// stride AI), B's (k, n) at B[k * BK + n], all float32 operands already exact in tf32. B's
-// fragments are loaded once where both tiles run. Each accumulator's products, operands and
-// order are gemm_one's over its own depth.
-template <int NT, int AI, int BK>
-__device__ __forceinline__ void gemm_tri2(float (&acc1)[1][NT][4], float (&acc2)[1][NT][4],
-                                          const float* A1, const float* A2, const float* B,
-                                          int d1, int d2, int lane) {
-  const int g = lane >> 2, t = lane & 3;
-  A1 += g * AI + 2 * t;
-  A2 += g * AI + 2 * t;
-  B += 2 * t * BK + g;
-  auto afrag = [](const float* p, uint32_t (&a)[4]) {
-    const float2 lo = ld2(p), hi = ld2(p + 8 * AI);
-    a[0] = __float_as_uint(lo.x), a[2] = __float_as_uint(lo.y), a[1] = __float_as_uint(hi.x),
-    a[3] = __float_as_uint(hi.y);
-  };
-#pragma unroll
-  for (int k0 = 0; k0 < kC; k0 += 8) {
-    if (k0 < d2) {
-      const bool both = k0 < d1;
-      uint32_t a1[4], a2[4];
-      if (both) afrag(A1 + k0, a1);
-      afrag(A2 + k0, a2);
-#pragma unroll
-      for (int n = 0; n < NT; ++n) {
-        uint32_t b0, b1;
-        b_frag<BK, false>(B + k0 * BK + n * 8, b0, b1);
-        if (both) mma8(acc1[0][n], a1, b0, b1);
-        mma8(acc2[0][n], a2, b0, b1);
-      }
-    }
-  }
-}
-
 template <int N>
 __device__ __forceinline__ void zero1(float (&acc)[N][4]) {
 #pragma unroll
@@ -923,7 +887,7 @@ struct PassSmem {
 // chunk's inputs are copied (cp.async) while this one computes (lean staging: its keys and
 // factors from the first barrier on, V from the second, Tinv and PT from the third, the latter
 // waited for at the next chunk's second barrier; two blocks an SM).
-template <int K, typename QT, int BV, bool BAL>
+template <int K, typename QT, int BV>
 __global__ void __launch_bounds__(kThreads, pass_lean<K, QT, BV> ? 2 : 1)
 mma_pass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restrict__ v,
          const float* __restrict__ tinv, float* __restrict__ state, void* __restrict__ o, int T,
@@ -948,13 +912,6 @@ mma_pass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restric
   const int r3 = K == 128 ? 16 * w : 16 * (w & 3), n3 = K == 128 ? 0 : (BV / 2) * (w >> 2);
   const int r1 = 16 * (w & 3), n1 = kHalf ? 0 : 16 * (w >> 2);
   const bool qrole = kHalf && w >= 4;  // BV = 16: this warp forms Q S and PT R (warp-uniform)
-  // BAL (the balanced triangle): warps 0-3 form K S, R and U, warps 4-7 Q S, PT R and o, each
-  // at the row tiles ra = 16 p and rb = 48 - 16 p (p = (w / 2) % 2; the triangle's depths
-  // 16 (p + 1) and 16 (4 - p): 10 k-steps a warp instead of 2 to 8 a row tile) and BV / 2
-  // columns nb..; every element's products, operands and order as without it
-  constexpr int NTB = BV / 16;  // n-tiles of those columns
-  const int pb = (w >> 1) & 1, ra = 16 * pb, rb = 48 - 16 * pb, nb = (BV / 2) * (w & 1);
-  const bool brole = w >= 4;
   float* st = state + gdn::state_index(sq.sb, hv, HV, K, V) + c0;
   float s[1][NT3][4];  // rows r3 + gq (+8), columns n3 + 8nt + 2tq (+1)
 #pragma unroll
@@ -1021,57 +978,8 @@ mma_pass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restric
     // the chunk's factors: exp(gc) nk, exp(gc) nq, beta, exp(gc_last - gc) nk, exp(gc_last)
     const float *fek = sm + M::facs(n), *feq = fek + kC, *fbt = feq + kC, *fd = fbt + kC;
     float o1[1][2][4];  // exp(gc_i) nq_i (Q S)_i, the inter-chunk part of o
-    float ob[2][1][NTB][4];  // BAL: the same at row tiles ra.. and rb.. (the queries' warps)
     const float* sbn = Ss + n1 * SST;
-    if constexpr (BAL) {
-      // K S (warps 0-3) or Q S (warps 4-7) at row tiles ra.., rb.. and columns nb.., each as two
-      // chains over K / 2 (first half + second half), the two tiles sharing S's fragments
-      float xa[1][NTB][4], xa2[1][NTB][4], xb[1][NTB][4], xb2[1][NTB][4];
-      zero(xa);
-      zero(xa2);
-      zero(xb);
-      zero(xb2);
-      const QT* A = brole ? static_cast<const QT*>(Qs) : Kc;
-      const float* sb = Ss + nb * SST;
-      if constexpr (is_f32<QT>) {
-        gemm_pair<NTB, K / 2, SKK, 1, 1, SST, true, false>(xa, xb, A + ra * SKK, A + rb * SKK, sb,
-                                                           0, lane);
-        gemm_pair<NTB, K / 2, SKK, 1, 1, SST, true, false>(
-            xa2, xb2, A + ra * SKK + K / 2, A + rb * SKK + K / 2, sb + K / 2, 0, lane);
-      } else {
-        gemm_pair16<NTB, K / 2, SKK, SST>(xa, xb, A + ra * SKK, A + rb * SKK, sb, lane);
-        gemm_pair16<NTB, K / 2, SKK, SST>(xa2, xb2, A + ra * SKK + K / 2, A + rb * SKK + K / 2,
-                                          sb + K / 2, lane);
-      }
-      auto rows = [&](int r0, const float (&x)[1][NTB][4], const float (&x2)[1][NTB][4],
-                      float (&oo)[1][NTB][4]) {
-#pragma unroll
-        for (int hf = 0; hf < 2; ++hf) {
-          const int i = r0 + gq + 8 * hf;
-          if (!brole) {
-            const float ek = fek[i], bi = fbt[i];
-#pragma unroll
-            for (int nt = 0; nt < NTB; ++nt) {
-              const int c = nb + nt * 8 + 2 * tq;
-              const float2 vv = ld2(Vc + i * P::SVT + c);
-              const float k0 = x[0][nt][2 * hf] + x2[0][nt][2 * hf];
-              const float k1 = x[0][nt][2 * hf + 1] + x2[0][nt][2 * hf + 1];
-              *reinterpret_cast<float2*>(Rs + i * SR + c) =
-                  make_float2(rtf32(bi * (vv.x - ek * k0)), rtf32(bi * (vv.y - ek * k1)));
-            }
-          } else {
-            const float eq = feq[i];
-#pragma unroll
-            for (int nt = 0; nt < NTB; ++nt) {
-              oo[0][nt][2 * hf] = eq * (x[0][nt][2 * hf] + x2[0][nt][2 * hf]);
-              oo[0][nt][2 * hf + 1] = eq * (x[0][nt][2 * hf + 1] + x2[0][nt][2 * hf + 1]);
-            }
-          }
-        }
-      };
-      rows(ra, xa, xa2, ob[0]);
-      rows(rb, xb, xb2, ob[1]);
-    } else if constexpr (!kHalf) {
+    if constexpr (!kHalf) {
       // K S and Q S, each as two independent chains over K / 2, sharing S's fragments
       float x[1][2][4], x2[1][2][4], y[1][2][4], y2[1][2][4];
       zero(x);
@@ -1147,50 +1055,7 @@ mma_pass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restric
     }
     __syncthreads();  // R is complete; every warp is done with the queries (and V)
     if (n + 1 < sq.nc) issue_q(n + 1);
-    if constexpr (BAL) {
-      // U = Tinv R (warps 0-3) or PT R (warps 4-7) at row tiles ra.. and rb.. (depths ra + 16 and
-      // rb + 16: 10 k-steps for every warp), columns nb..
-      float ua[1][NTB][4], ub[1][NTB][4];
-      zero(ua);
-      zero(ub);
-      const float* Tb = brole ? Tc + kC * kPS : Tc;
-      gemm_tri2<NTB, kPS, SR>(ua, ub, Tb + ra * kPS, Tb + rb * kPS, Rs + nb, ra + 16, rb + 16,
-                              lane);
-      if (!brole) {
-        auto ud = [&](int r0, const float (&u)[1][NTB][4]) {
-#pragma unroll
-          for (int hf = 0; hf < 2; ++hf) {
-            const int i = r0 + gq + 8 * hf;
-            const float d = fd[i];
-#pragma unroll
-            for (int nt = 0; nt < NTB; ++nt) {
-              const int c = nb + nt * 8 + 2 * tq;
-              Ud[c * SUT + i] = rtf32(d * u[0][nt][2 * hf]);
-              Ud[(c + 1) * SUT + i] = rtf32(d * u[0][nt][2 * hf + 1]);
-            }
-          }
-        };
-        ud(ra, ua);
-        ud(rb, ub);
-      } else {
-        with_out_type(o, odt, [&](auto* op) {
-          auto put_rows = [&](int r0, const float (&oo)[1][NTB][4], const float (&y)[1][NTB][4]) {
-            auto* p0 = op + gdn::v_index(b, t0 + r0 + gq, hv, T, HV, V) + c0 + nb + 2 * tq;
-#pragma unroll
-            for (int hf = 0; hf < 2; ++hf) {
-              if (r0 + gq + 8 * hf >= L) continue;
-              auto* p = p0 + (long)(8 * hf) * HV * V;
-#pragma unroll
-              for (int nt = 0; nt < NTB; ++nt)
-                put2(p + 8 * nt, scale * (oo[0][nt][2 * hf] + y[0][nt][2 * hf]),
-                     scale * (oo[0][nt][2 * hf + 1] + y[0][nt][2 * hf + 1]));
-            }
-          };
-          put_rows(ra, ob[0], ua);
-          put_rows(rb, ob[1], ub);
-        });
-      }
-    } else {  // U = Tinv R and PT R (both lower triangular: depth r1 + 16)
+    {  // U = Tinv R and PT R (both lower triangular: depth r1 + 16)
       float u[1][2][4], y[1][2][4];
       zero(u);
       zero(y);
@@ -1802,33 +1667,24 @@ cudaError_t launch_ppass(const GdnArgs* a, float* state, int seqs, int NC, const
   }
 }
 
-template <int K, typename QT, int BV, bool BAL>
-cudaError_t launch_pass_t(const GdnArgs* a, float* state, int seqs, int NC, const Packed& pk,
-                          cudaStream_t s) {
+template <int K, typename QT, int BV>
+cudaError_t launch_pass(const GdnArgs* a, float* state, int seqs, int NC, const Packed& pk,
+                        cudaStream_t s) {
   constexpr size_t bytes = sizeof(float) * PassSmem<K, QT, BV>::floats;
   static_assert(bytes <= 227 * 1024, "the shared-memory pass's shared memory");
   // lean staging: two blocks an SM (228 KiB an SM, 1 KiB of it reserved a block)
   static_assert(!pass_lean<K, QT, BV> || 2 * (bytes + 1024) <= 228 * 1024, "two blocks an SM");
-  cudaError_t err = allow_smem(mma_pass<K, QT, BV, BAL>, bytes);
+  cudaError_t err = allow_smem(mma_pass<K, QT, BV>, bytes);
   if (err != cudaSuccess) return err;
   if constexpr (pass_lean<K, QT, BV>)  // all of the SM's on-chip memory as shared memory: 2 blocks
-    err = cudaFuncSetAttribute(mma_pass<K, QT, BV, BAL>,
-                               cudaFuncAttributePreferredSharedMemoryCarveout,
+    err = cudaFuncSetAttribute(mma_pass<K, QT, BV>, cudaFuncAttributePreferredSharedMemoryCarveout,
                                (int)cudaSharedmemCarveoutMaxShared);
   if (err != cudaSuccess) return err;
   const dim3 grid(seqs * a->HV, a->V / BV);
-  WB_LAUNCH(grid, kThreads, bytes, s, mma_pass<K, QT, BV, BAL>)(
+  WB_LAUNCH(grid, kThreads, bytes, s, mma_pass<K, QT, BV>)(
       static_cast<const QT*>(a->q), static_cast<const QT*>(a->k), static_cast<const QT*>(a->v),
       a->tinv, state, a->o, a->T, a->H, a->HV, a->V, a->scale, a->o_dtype, NC, pk);
   return cudaSuccess;
-}
-// WORKBENCH_GDN_MMA_TRI=row: the row-tile triangle (before 2026-12-06; for the A/B), else balanced
-template <int K, typename QT, int BV>
-cudaError_t launch_pass(const GdnArgs* a, float* state, int seqs, int NC, const Packed& pk,
-                        cudaStream_t s) {
-  const char* e = getenv("WORKBENCH_GDN_MMA_TRI");
-  if (e && !strcmp(e, "row")) return launch_pass_t<K, QT, BV, false>(a, state, seqs, NC, pk, s);
-  return launch_pass_t<K, QT, BV, true>(a, state, seqs, NC, pk, s);
 }
 
 // prepare and the pass over seqs sequences of NC chunks at most: a plain batch (pk.n = 0, seqs =
