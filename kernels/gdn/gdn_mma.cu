@@ -840,11 +840,10 @@ constexpr bool pass_lean = BV == 16 && !is_f32<QT>;
 // then the chunk's queries (one buffer: the next chunk's are copied once this one's are used),
 // the rounded state and the block's intermediates. Offsets in floats; keys(n) .. vals(n): where
 // chunk n's inputs lie. SR: the row stride of the C x BV tiles R and U (4 mod 16: B operands).
-template <int K, typename QT, int BV, bool LEAN = pass_lean<K, QT, BV>>
+template <int K, typename QT, int BV>
 struct PassSmem {
   using P = PassStage<K, QT, BV>;
-  static_assert(!LEAN || pass_lean<K, QT, BV>, "lean staging: 16 columns, 16-bit inputs");
-  static constexpr bool lean = LEAN;
+  static constexpr bool lean = pass_lean<K, QT, BV>;
   static constexpr int SQ = is_f32<QT> ? K + 4 : K + 8, SST = is_f32<QT> ? K + 4 : K + 8,
                        SUT = kC + 8, SR = BV + 4;
   static constexpr int KS = kC * P::SKK * (int)sizeof(QT) / 4, FS = kFacRows * kC,
@@ -888,14 +887,14 @@ struct PassSmem {
 // chunk's inputs are copied (cp.async) while this one computes (lean staging: its keys and
 // factors from the first barrier on, V from the second, Tinv and PT from the third, the latter
 // waited for at the next chunk's second barrier; two blocks an SM).
-template <int K, typename QT, int BV, bool LEAN>
-__global__ void __launch_bounds__(kThreads, LEAN ? 2 : 1)
+template <int K, typename QT, int BV>
+__global__ void __launch_bounds__(kThreads, pass_lean<K, QT, BV> ? 2 : 1)
 mma_pass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restrict__ v,
          const float* __restrict__ tinv, float* __restrict__ state, void* __restrict__ o, int T,
          int H, int HV, int V, float scale, int odt, int NC, const Packed pk) {
   static_assert(pass_bv_ok<BV>, "32 or 16 value columns a block");
   using P = PassStage<K, QT, BV>;
-  using M = PassSmem<K, QT, BV, LEAN>;
+  using M = PassSmem<K, QT, BV>;
   constexpr bool kHalf = BV == 16;  // K S / Tinv R and Q S / PT R on separate warps
   constexpr int SKK = P::SKK, SQ = M::SQ, SST = M::SST, SUT = M::SUT, SR = M::SR;
   constexpr int NT3 = (K == 128 ? BV : BV / 2) / 8;  // the update's n-tiles a warp
@@ -1668,36 +1667,24 @@ cudaError_t launch_ppass(const GdnArgs* a, float* state, int seqs, int NC, const
   }
 }
 
-template <int K, typename QT, int BV, bool LEAN>
-cudaError_t launch_pass_s(const GdnArgs* a, float* state, int seqs, int NC, const Packed& pk,
-                          cudaStream_t s) {
-  constexpr size_t bytes = sizeof(float) * PassSmem<K, QT, BV, LEAN>::floats;
-  static_assert(bytes <= 227 * 1024, "the shared-memory pass's shared memory");
-  // lean staging: two blocks an SM (228 KiB an SM, 1 KiB of it reserved a block)
-  static_assert(!LEAN || 2 * (bytes + 1024) <= 228 * 1024, "two blocks an SM");
-  cudaError_t err = allow_smem(mma_pass<K, QT, BV, LEAN>, bytes);
-  if (err != cudaSuccess) return err;
-  if constexpr (LEAN)  // all of the SM's on-chip memory as shared memory: 2 blocks
-    err = cudaFuncSetAttribute(mma_pass<K, QT, BV, LEAN>,
-                               cudaFuncAttributePreferredSharedMemoryCarveout,
-                               (int)cudaSharedmemCarveoutMaxShared);
-  if (err != cudaSuccess) return err;
-  const dim3 grid(seqs * a->HV, a->V / BV);
-  WB_LAUNCH(grid, kThreads, bytes, s, mma_pass<K, QT, BV, LEAN>)(
-      static_cast<const QT*>(a->q), static_cast<const QT*>(a->k), static_cast<const QT*>(a->v),
-      a->tinv, state, a->o, a->T, a->H, a->HV, a->V, a->scale, a->o_dtype, NC, pk);
-  return cudaSuccess;
-}
-// WORKBENCH_GDN_MMA_STAGE=full: the 16-column blocks with 16-bit inputs stage in full (two
-// buffers of everything, one block an SM) instead of leanly (for the A/B)
 template <int K, typename QT, int BV>
 cudaError_t launch_pass(const GdnArgs* a, float* state, int seqs, int NC, const Packed& pk,
                         cudaStream_t s) {
-  if constexpr (pass_lean<K, QT, BV>) {
-    const char* e = getenv("WORKBENCH_GDN_MMA_STAGE");
-    if (e && !strcmp(e, "full")) return launch_pass_s<K, QT, BV, false>(a, state, seqs, NC, pk, s);
-  }
-  return launch_pass_s<K, QT, BV, pass_lean<K, QT, BV>>(a, state, seqs, NC, pk, s);
+  constexpr size_t bytes = sizeof(float) * PassSmem<K, QT, BV>::floats;
+  static_assert(bytes <= 227 * 1024, "the shared-memory pass's shared memory");
+  // lean staging: two blocks an SM (228 KiB an SM, 1 KiB of it reserved a block)
+  static_assert(!pass_lean<K, QT, BV> || 2 * (bytes + 1024) <= 228 * 1024, "two blocks an SM");
+  cudaError_t err = allow_smem(mma_pass<K, QT, BV>, bytes);
+  if (err != cudaSuccess) return err;
+  if constexpr (pass_lean<K, QT, BV>)  // all of the SM's on-chip memory as shared memory: 2 blocks
+    err = cudaFuncSetAttribute(mma_pass<K, QT, BV>, cudaFuncAttributePreferredSharedMemoryCarveout,
+                               (int)cudaSharedmemCarveoutMaxShared);
+  if (err != cudaSuccess) return err;
+  const dim3 grid(seqs * a->HV, a->V / BV);
+  WB_LAUNCH(grid, kThreads, bytes, s, mma_pass<K, QT, BV>)(
+      static_cast<const QT*>(a->q), static_cast<const QT*>(a->k), static_cast<const QT*>(a->v),
+      a->tinv, state, a->o, a->T, a->H, a->HV, a->V, a->scale, a->o_dtype, NC, pk);
+  return cudaSuccess;
 }
 
 // prepare and the pass over seqs sequences of NC chunks at most: a plain batch (pk.n = 0, seqs =
@@ -1805,7 +1792,7 @@ extern "C" {
 int gdn_chunked_mma_supported(int K, int V) { return gdn_chunked_mma_supported_impl(K, V) ? 1 : 0; }
 
 // The pass the mma path takes for B * HV = BH and V on a GPU of sms SMs (f32: float32 q, k, v):
-// 0 for the shared-memory pass, 1 for its 16-column blocks (forced only), 64 (kPair) | the warps
+// 0 for the shared-memory pass, 1 for its 16-column blocks (smem16), 64 (kPair) | the warps
 // a block of the warp-pair pass (2, 4 or 8; forced only), else the warp-resident pass's warps a
 // block (2, 4 or 8); honours
 // WORKBENCH_GDN_MMA_PASS as the launcher does. Host code only: callable without a GPU. A packed
