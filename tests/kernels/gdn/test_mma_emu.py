@@ -50,6 +50,24 @@ def test_emulated_smem16_is_smem_bit_for_bit(K, V, dtype, monkeypatch):
     assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
 
 
+@pytest.mark.parametrize("packed", [False, True], ids=["batch", "packed"])
+def test_emulated_prepare_per_key_head_is_per_value_head_bit_for_bit(packed, monkeypatch):
+    """Prepare forms K K^T and Q K^T once for the value heads of a key head (three here, and two
+    key heads): each value head's Tinv, PT and factor rows, and so o and the state, are the bits
+    of a block of its own (WORKBENCH_GDN_MMA_PREPARE=value-head, the former grid)."""
+    if packed:
+        x = packed_inputs([0, 70, 1, 64], H=2, HV=6, K=64, V=32, dtype=torch.bfloat16, seed=41)
+    else:
+        x = make_inputs(2, 70, 2, 6, 64, 32, dtype=torch.bfloat16, state=True, seed=41)
+    shared = run(x, "smem", monkeypatch, output_dtype=torch.float32)
+    monkeypatch.setenv("WORKBENCH_GDN_MMA_PREPARE", "value-head")
+    alone = run(x, "smem", monkeypatch, output_dtype=torch.float32)
+    assert torch.isfinite(shared[0]).all() and torch.isfinite(shared[1]).all()
+    assert torch.equal(shared[0], alone[0]) and torch.equal(shared[1], alone[1])
+    # and the value heads differ (their decays and betas do): the test is not of one head repeated
+    assert not torch.equal(shared[1][:, 0], shared[1][:, 1])
+
+
 @pytest.mark.parametrize("mma_pass", ["smem", "smem16", "warp"])
 def test_emulated_16bit_inputs_equal_their_float32_widening(mma_pass, monkeypatch):
     """bf16 q, k, v read as given give the result of the same kernels fed float32 copies (exact
