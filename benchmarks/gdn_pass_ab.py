@@ -69,7 +69,7 @@ def main():
         of, _ = peer()
         graphs["fla"] = _graphed(peer)
         # rounds of every variant and fla in turn; each side's lowest median
-        for label, g in graphs.items():
+        for label in graphs:
             row[f"ms_{label}_runs"] = []
         for _ in range(args.rounds):
             for label, g in graphs.items():

@@ -9,10 +9,11 @@
 // update, the state as an operand) when they are written. tf32 keeps that rounding (2^-11
 // relative) well below the bf16 rounding of the inputs (2^-8); sums, decays, the state itself and
 // V - exp(gc) K S stay in float32.
-//   1. prepare, one block per (b, hv, chunk), all in parallel: A by mma; the 16 x 16 diagonal
-//      blocks of (I + A)^-1 in float32 (gdn_mma.h); Tinv = (I + A)^-1 by blocked forward
-//      substitution with mma; P = (Q K^T) * exp(gc_i - gc_j) and PT = P Tinv by mma.
-//   2. pass, one block of 8 warps per (b, hv, 32 value columns; 16 when forced: `smem16`),
+//   1. prepare, one block per (b, key head, chunk), all in parallel: K K^T and Q K^T by mma once,
+//      then for each value head of the key head A; the 16 x 16 diagonal blocks of (I + A)^-1 in
+//      float32 (gdn_mma.h); Tinv = (I + A)^-1 by blocked forward substitution with mma;
+//      P = (Q K^T) * exp(gc_i - gc_j) and PT = P Tinv by mma.
+//   2. pass, one block of 8 warps per (b, hv, 32 value columns; 16 on small grids: `smem16`),
 //      sequential over chunks, or the warp-resident pass (the state of 16 columns a warp): the
 //      state tile lives in mma accumulators; per chunk R = beta (V - exp(gc) K S), U = Tinv R,
 //      o = scale (exp(gc) Q S + PT R) and S <- exp(gc_last) S + K^T (exp(gc_last - gc_j) U_j);
@@ -716,8 +717,8 @@ mma_prepare(const QT* __restrict__ q, const QT* __restrict__ k, const float* __r
     else
       gemm_rows16<4, K, SK, SK>(pa, Qs + ip * SK, Ks + jp * SK, lane);
   }
-  for (int gi = 0; gi < hvs; ++gi) {
-    const int hv = hv0 + gi;
+  for (int vh = 0; vh < hvs; ++vh) {
+    const int hv = hv0 + vh;
     float* out = tinv + (long)(row0 + (long)hv * hstride) * kChunkWs;  // Tinv, PT, the factors
     if (w == 0) {  // inclusive scan of g over the chunk, two steps per lane
       const int i0 = 2 * lane, i1 = i0 + 1;
