@@ -72,6 +72,41 @@
 
 namespace {
 
+// Phase clocks (a diagnostic build only: -DWB_GDN_CLOCKS, benchmarks/gdn_clocks.py): lane 0 of
+// each warp of every 16th block adds the cycles since its previous mark to a per-(kernel, warp,
+// phase) counter (fire-and-forget atomics, so the marks barely move the timing); phase 15 counts
+// the iterations marked. Without the flag every mark is nothing.
+#if defined(WB_GDN_CLOCKS) && !defined(WB_MMA_EMU)
+__device__ unsigned long long wb_clk[3][8][16];
+struct Clk {
+  long long t;
+  bool on;
+  int kern, w;
+  __device__ Clk(int kern_) : kern(kern_) {
+    w = threadIdx.x >> 5;
+    on = (threadIdx.x & 31) == 0 && ((blockIdx.x + blockIdx.y) & 15) == 0 && w < 8;
+    t = clock64();
+  }
+  __device__ __forceinline__ void mark(int p) {
+    if (on) {
+      const long long c = clock64();
+      atomicAdd(&wb_clk[kern][w][p], (unsigned long long)(c - t));
+      t = c;
+    }
+  }
+  __device__ __forceinline__ void count() {
+    if (on) atomicAdd(&wb_clk[kern][w][15], 1ull);
+  }
+};
+#define WB_CLK_INIT(kern) Clk clk_(kern)
+#define WB_CLK(p) clk_.mark(p)
+#define WB_CLK_COUNT() clk_.count()
+#else
+#define WB_CLK_INIT(kern)
+#define WB_CLK(p)
+#define WB_CLK_COUNT()
+#endif
+
 constexpr int kC = 64;         // chunk length
 constexpr int kPS = kC + 8;    // row stride of the C x C tiles (A, X, P)
 constexpr int kThreads = 256;  // every kernel: 8 warps
@@ -657,6 +692,7 @@ mma_prepare(const QT* __restrict__ q, const QT* __restrict__ k, const float* __r
             int hvs, const Packed pk) {
   using S = PrepSmem<K, QT>;
   constexpr int SK = S::SK;
+  WB_CLK_INIT(0);
   WB_DYNAMIC_SMEM(float4, smem4);
   float* sm = reinterpret_cast<float*>(smem4);
   QT* Ks = reinterpret_cast<QT*>(sm + S::Ks);  // [C][SK] keys as given
@@ -698,6 +734,7 @@ mma_prepare(const QT* __restrict__ q, const QT* __restrict__ k, const float* __r
   }
   cp_wait<0>();
   __syncthreads();
+  WB_CLK(0);
   // the raw products, kept for every value head: K K^T at rows ia.., columns na.. (zero tiles
   // above the diagonal blocks are not formed), Q K^T (warps 2-7) at rows ip.., columns jp..
   const int ia = (w & 3) * 16, na = (w >> 2) * 32;
@@ -717,6 +754,7 @@ mma_prepare(const QT* __restrict__ q, const QT* __restrict__ k, const float* __r
     else
       gemm_rows16<4, K, SK, SK>(pa, Qs + ip * SK, Ks + jp * SK, lane);
   }
+  WB_CLK(1);
   for (int vh = 0; vh < hvs; ++vh) {
     const int hv = hv0 + vh;
     float* out = tinv + (long)(row0 + (long)hv * hstride) * kChunkWs;  // Tinv, PT, the factors
@@ -741,7 +779,9 @@ mma_prepare(const QT* __restrict__ q, const QT* __restrict__ k, const float* __r
       for (int idx = tid - 64; idx < kC * kC; idx += kThreads - 64)
         Ts[(idx / kC) * kTS + idx % kC] = idx / kC == idx % kC ? 1.f : 0.f;
     }
+    WB_CLK(2);
     __syncthreads();
+    WB_CLK(3);
     // A = K K^T, decayed and scaled, strictly lower
 #pragma unroll
     for (int nt = 0; nt < 4; ++nt)
@@ -752,7 +792,9 @@ mma_prepare(const QT* __restrict__ q, const QT* __restrict__ k, const float* __r
                               : 0.f;
         As[i * kPS + j] = j / 16 < i / 16 ? rtf32(a) : a;  // below the diagonal blocks: operands
       }
+    WB_CLK(4);
     __syncthreads();
+    WB_CLK(5);
     if (tid < 64) {  // warps 0-1: the diagonal blocks of (I + A)^-1, one column each
       const int o = (tid / 16) * 16, j = tid % 16;
       float x[16];
@@ -774,7 +816,9 @@ mma_prepare(const QT* __restrict__ q, const QT* __restrict__ k, const float* __r
               j <= i ? rtf32(pa[0][nt][r] * (nqv[i] * nkv[j]) * expf(gc[i] - gc[j])) : 0.f;
         }
     }
+    WB_CLK(6);
     __syncthreads();
+    WB_CLK(7);
     {  // PT = P Tinv, rows 16 (w % 4).., columns 32 (w / 4).. (upper tiles: zeros, not computed)
       const int i0 = (w & 3) * 16, j0 = (w >> 2) * 32;
       float acc[1][4][4];
@@ -790,6 +834,7 @@ mma_prepare(const QT* __restrict__ q, const QT* __restrict__ k, const float* __r
               make_float2(rtf32(acc[0][nt][2 * hf]), rtf32(acc[0][nt][2 * hf + 1]));
         }
     }
+    WB_CLK(8);
     {  // the passes' per-position factors (kFac): the expressions the passes evaluated themselves
        // until 2026-12-05, on the values they staged then (past the chunk's end gc 0, beta 0 and
        // norm factors 1), so the bits are theirs (benchmarks/gdn_emu_bitwise.py)
@@ -806,7 +851,10 @@ mma_prepare(const QT* __restrict__ q, const QT* __restrict__ k, const float* __r
         out[kFac + idx] = f;
       }
     }
+    WB_CLK(9);
     __syncthreads();  // the next value head overwrites gc, beta, A, Tinv and P
+    WB_CLK(10);
+    WB_CLK_COUNT();
   }
 }
 
@@ -913,6 +961,7 @@ mma_pass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restric
   const int r3 = K == 128 ? 16 * w : 16 * (w & 3), n3 = K == 128 ? 0 : (BV / 2) * (w >> 2);
   const int r1 = 16 * (w & 3), n1 = kHalf ? 0 : 16 * (w >> 2);
   const bool qrole = kHalf && w >= 4;  // BV = 16: this warp forms Q S and PT R (warp-uniform)
+  WB_CLK_INIT(1);
   float* st = state + gdn::state_index(sq.sb, hv, HV, K, V) + c0;
   float s[1][NT3][4];  // rows r3 + gq (+8), columns n3 + 8nt + 2tq (+1)
 #pragma unroll
@@ -958,6 +1007,7 @@ mma_pass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restric
     issue_q(0);
     if constexpr (M::lean) issue_t(0);
   }
+  WB_CLK(0);
   for (int n = 0; n < sq.nc; ++n) {
     const int t0 = sq.first + n * kC, L = gdn::imin(kC, tend - t0);
     // the state before this chunk, rounded, to shared memory (the B operand of K S and Q S)
@@ -969,10 +1019,13 @@ mma_pass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restric
         Ss[c * SST + r] = rtf32(s[0][nt][2 * hf]);
         Ss[(c + 1) * SST + r] = rtf32(s[0][nt][2 * hf + 1]);
       }
+    WB_CLK(1);
     if constexpr (M::lean) cp_wait<1>();  // all but this chunk's Tinv and PT
     else cp_wait<0>();
     __syncthreads();  // this chunk's inputs and S are in place; the other stage is free
+    WB_CLK(2);
     if (n + 1 < sq.nc) issue(n + 1);
+    WB_CLK(3);
     const QT* Kc = reinterpret_cast<const QT*>(sm + M::keys(n));
     const QT* Vc = reinterpret_cast<const QT*>(sm + M::vals(n));
     const float* Tc = sm + M::tinv(n);  // Tinv, then PT
@@ -1050,12 +1103,15 @@ mma_pass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restric
         }
       }
     }
+    WB_CLK(4);
     if constexpr (M::lean) {  // this chunk's Tinv and PT (the next chunk's keys may be in flight)
       if (n + 1 < sq.nc) cp_wait<1>();
       else cp_wait<0>();
     }
     __syncthreads();  // R is complete; every warp is done with the queries (and V)
+    WB_CLK(5);
     if (n + 1 < sq.nc) issue_q(n + 1);
+    WB_CLK(6);
     {  // U = Tinv R and PT R (both lower triangular: depth r1 + 16)
       float u[1][2][4], y[1][2][4];
       zero(u);
@@ -1096,7 +1152,9 @@ mma_pass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restric
         });
       }
     }
+    WB_CLK(7);
     __syncthreads();  // Ud is complete; every warp is done with Tinv and PT
+    WB_CLK(8);
     if constexpr (M::lean)
       if (n + 1 < sq.nc) issue_t(n + 1);
     // S <- exp(gc_last) S + K^T Ud (A(i, j) = K[j][i], raw keys rounded at the fragment load)
@@ -1109,6 +1167,8 @@ mma_pass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restric
       gemm<1, NT3, kC, 1, SKK, 1, SUT, true, false>(s, Kc + r3, Ud + n3 * SUT, lane);
     else  // 16-bit keys: A fragments by transposing ldmatrix
       gemm16t<NT3, kC, SKK, SUT>(s, Kc + r3, Ud + n3 * SUT, lane);
+    WB_CLK(9);
+    WB_CLK_COUNT();
   }
 #pragma unroll
   for (int nt = 0; nt < NT3; ++nt)
@@ -1337,6 +1397,7 @@ mma_wpass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restri
   float* st = state + gdn::state_index(sq.sb, hv, HV, K, V) + c0;
   float s[NS][4];
   load_state_rows(s, st, 0, V, gq, tq);
+  WB_CLK_INIT(2);
   auto issue = [&](int n) {
     const int t0 = sq.first + n * kC;
     issue_warp_stage<K, QT, NW, NTH>(sm + (n & 1) * P::floats, q, k, v,
@@ -1345,11 +1406,14 @@ mma_wpass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restri
                                      V, gdn::imin(kC, tend - t0), tid);
   };
   if (sq.nc > 0) issue(0);
+  WB_CLK(0);
   for (int n = 0; n < sq.nc; ++n) {
     const int t0 = sq.first + n * kC, L = gdn::imin(kC, tend - t0);
     cp_wait<0>();
     __syncthreads();  // this chunk's stage is in place; every warp is done with the other one
+    WB_CLK(1);
     if (n + 1 < sq.nc) issue(n + 1);
+    WB_CLK(2);
     const float* sb = sm + (n & 1) * P::floats;
     const QT* Kc = reinterpret_cast<const QT*>(sb + P::Kk);
     const QT* Qc = reinterpret_cast<const QT*>(sb + P::Qq);
@@ -1376,15 +1440,18 @@ mma_wpass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restri
           y[nt][r] = eq * y[nt][r];
         }
       }
+    WB_CLK(3);
     // o^T += R^T PT^T, then U^T = R^T Tinv^T; o is written first so that y is free before u is
     // formed
     r_times_lower(x, PTv, y, gq, tq);
     store_o_t(o, odt, gdn::v_index(b, t0 + 2 * tq, hv, T, HV, V) + c0 + gq, (long)HV * V, scale, y,
               L, tq);
+    WB_CLK(4);
     float u[8][4];
     zero1(u);
     r_times_lower(x, Tv, u, gq, tq);
     decay_round(u, fd, tq);
+    WB_CLK(5);
     // S^T <- exp(gc_last) S^T + Ud^T K: update_state's loops written out here, where the helper
     // made ptxas branch around the o stores instead of predicating them (K = 64: 85-112 more SASS
     // instructions a chunk; benchmarks/gdn_sass_mix.py)
@@ -1419,6 +1486,8 @@ mma_wpass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restri
         }
       }
     }
+    WB_CLK(6);
+    WB_CLK_COUNT();
   }
   store_state_rows(s, st, 0, V, gq, tq);
 }
@@ -1804,6 +1873,18 @@ int gdn_mma_pass_plan(int BH, int V, int f32, int sms) {
 
 // The floats of one chunk's workspace on the mma path (GdnArgs.tinv holds one per chunk and head).
 int gdn_mma_chunk_workspace(void) { return kChunkWs; }
+
+#if defined(WB_GDN_CLOCKS) && !defined(WB_MMA_EMU)
+// The phase clocks of the diagnostic build ([3][8][16] counters: prepare, the shared-memory pass,
+// the warp-resident pass; warps; phases, 15: iterations) into out (384 values), then zeroed.
+int gdn_mma_clocks(unsigned long long* out) {
+  cudaError_t e = cudaDeviceSynchronize();
+  if (e == cudaSuccess) e = cudaMemcpyFromSymbol(out, wb_clk, sizeof(wb_clk));
+  static const unsigned long long zero[3 * 8 * 16] = {};
+  if (e == cudaSuccess) e = cudaMemcpyToSymbol(wb_clk, zero, sizeof(wb_clk));
+  return (int)e;
+}
+#endif
 
 // Tensor-core chunked prefill (chunk 64, fp32 accumulators, tf32 operands). q, k, v: float32
 // (in_dtype 0), bf16 (1) or fp16 (2), all three alike; g, beta float32. Workspace: tinv, each
