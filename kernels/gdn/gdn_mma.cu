@@ -937,7 +937,7 @@ struct PassSmem {
 // factors from the first barrier on, V from the second, Tinv and PT from the third, the latter
 // waited for at the next chunk's second barrier; two blocks an SM).
 template <int K, typename QT, int BV>
-__global__ void __launch_bounds__(kThreads, pass_lean<K, QT, BV> ? 2 : 1)
+__global__ void __launch_bounds__(kThreads + 64, pass_lean<K, QT, BV> ? 2 : 1)
 mma_pass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restrict__ v,
          const float* __restrict__ tinv, float* __restrict__ state, void* __restrict__ o, int T,
          int H, int HV, int V, float scale, int odt, int NC, const Packed pk) {
@@ -962,6 +962,80 @@ mma_pass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restric
   const int r1 = 16 * (w & 3), n1 = kHalf ? 0 : 16 * (w >> 2);
   const bool qrole = kHalf && w >= 4;  // BV = 16: this warp forms Q S and PT R (warp-uniform)
   WB_CLK_INIT(1);
+  // the copies, by the NT threads of the 8 warps (id: tid) or by the producer warps (NT 32 or 64,
+  // id: their own thread index); chunk n's keys and factors (and but for lean staging Tinv, PT
+  // and V) ...
+  auto issue = [&](int n, auto nt, int id, bool split) {
+    constexpr int NT = decltype(nt)::value;
+    const int t0 = sq.first + n * kC, L = gdn::imin(kC, tend - t0);
+    load_tile<kC, K, SKK, NT>(reinterpret_cast<QT*>(sm + M::keys(n)),
+                              k + gdn::qk_index(b, t0, h, T, H, K), (long)H * K, L, id);
+    const float* ws = tinv + (sq.crow + n) * kChunkWs;
+    if constexpr (!M::lean) {  // Tinv and PT (split: Tinv; PT with the queries)
+      if (split) load_tile<kC, kC, kPS, NT, true>(sm + M::tinv(n), ws, kC, kC, id);
+      else load_tile<2 * kC, kC, kPS, NT, true>(sm + M::tinv(n), ws, kC, 2 * kC, id);
+    }
+    load_tile<kFacRows, kC, kC, NT, true>(sm + M::facs(n), ws + kFac, kC, kFacRows, id);
+    if constexpr (!M::lean)
+      load_tile<kC, BV, P::SVT, NT>(reinterpret_cast<QT*>(sm + M::vals(n)),
+                                    v + gdn::v_index(b, t0, hv, T, HV, V) + c0, (long)HV * V, L, id);
+    cp_commit();
+  };
+  // ... its queries (and for lean staging V; split: PT) ...
+  auto issue_q = [&](int n, auto nt, int id, bool split) {
+    constexpr int NT = decltype(nt)::value;
+    const int t0 = sq.first + n * kC, L = gdn::imin(kC, tend - t0);
+    load_tile<kC, K, SQ, NT>(Qs, q + gdn::qk_index(b, t0, h, T, H, K), (long)H * K, L, id);
+    if constexpr (M::lean)
+      load_tile<kC, BV, P::SVT, NT>(reinterpret_cast<QT*>(sm + M::vals(n)),
+                                    v + gdn::v_index(b, t0, hv, T, HV, V) + c0, (long)HV * V, L, id);
+    else if (split)
+      load_tile<kC, kC, kPS, NT, true>(sm + M::tinv(n) + kC * kPS,
+                                       tinv + (sq.crow + n) * kChunkWs + kC * kC, kC, kC, id);
+    cp_commit();
+  };
+  // ... and for lean staging Tinv and PT, a copy group each
+  auto issue_t = [&](int n, auto nt, int id) {
+    constexpr int NT = decltype(nt)::value;
+    load_tile<2 * kC, kC, kPS, NT, true>(sm + M::tinv(n), tinv + (sq.crow + n) * kChunkWs, kC,
+                                         2 * kC, id);
+    cp_commit();
+  };
+  using All = std::integral_constant<int, kThreads>;
+  // one or two more warps launched (WORKBENCH_GDN_MMA_COPY, default two): they issue every copy,
+  // at the consumers' three barriers a chunk, and wait for them before the first; the 8 warps
+  // only compute. The copies land where and before they did when the 8 warps issued them (in the
+  // non-lean stages PT now with the queries: the next chunk's, waited for at its first barrier),
+  // so the results are the same.
+  const int producers = (int)(blockDim.x - kThreads) / 32;
+  const bool prod = producers > 0;
+  auto produce = [&](auto nt, int id) {
+    if (sq.nc > 0) {
+      issue(0, nt, id, true);
+      issue_q(0, nt, id, true);
+      if constexpr (M::lean) issue_t(0, nt, id);
+    }
+    for (int n = 0; n < sq.nc; ++n) {
+      if constexpr (M::lean) cp_wait<1>();
+      else cp_wait<0>();
+      __syncthreads();  // 1
+      if (n + 1 < sq.nc) issue(n + 1, nt, id, true);
+      if constexpr (M::lean) {
+        if (n + 1 < sq.nc) cp_wait<1>();
+        else cp_wait<0>();
+      }
+      __syncthreads();  // 2
+      if (n + 1 < sq.nc) issue_q(n + 1, nt, id, true);
+      __syncthreads();  // 3
+      if constexpr (M::lean)
+        if (n + 1 < sq.nc) issue_t(n + 1, nt, id);
+    }
+  };
+  if (w >= kThreads / 32) {
+    if (producers == 1) produce(std::integral_constant<int, 32>{}, tid - kThreads);
+    else produce(std::integral_constant<int, 64>{}, tid - kThreads);
+    return;
+  }
   float* st = state + gdn::state_index(sq.sb, hv, HV, K, V) + c0;
   float s[1][NT3][4];  // rows r3 + gq (+8), columns n3 + 8nt + 2tq (+1)
 #pragma unroll
@@ -973,39 +1047,10 @@ mma_pass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restric
       s[0][nt][2 * hf] = x.x;
       s[0][nt][2 * hf + 1] = x.y;
     }
-  // chunk n's copies: its keys and factors (and but for lean staging Tinv, PT and V) ...
-  auto issue = [&](int n) {
-    const int t0 = sq.first + n * kC, L = gdn::imin(kC, tend - t0);
-    load_tile<kC, K, SKK>(reinterpret_cast<QT*>(sm + M::keys(n)),
-                          k + gdn::qk_index(b, t0, h, T, H, K), (long)H * K, L, tid);
-    const float* ws = tinv + (sq.crow + n) * kChunkWs;
-    if constexpr (!M::lean)  // Tinv and PT
-      load_tile<2 * kC, kC, kPS, kThreads, true>(sm + M::tinv(n), ws, kC, 2 * kC, tid);
-    load_tile<kFacRows, kC, kC, kThreads, true>(sm + M::facs(n), ws + kFac, kC, kFacRows, tid);
-    if constexpr (!M::lean)
-      load_tile<kC, BV, P::SVT>(reinterpret_cast<QT*>(sm + M::vals(n)),
-                                v + gdn::v_index(b, t0, hv, T, HV, V) + c0, (long)HV * V, L, tid);
-    cp_commit();
-  };
-  // ... its queries (and for lean staging V) ...
-  auto issue_q = [&](int n) {
-    const int t0 = sq.first + n * kC, L = gdn::imin(kC, tend - t0);
-    load_tile<kC, K, SQ>(Qs, q + gdn::qk_index(b, t0, h, T, H, K), (long)H * K, L, tid);
-    if constexpr (M::lean)
-      load_tile<kC, BV, P::SVT>(reinterpret_cast<QT*>(sm + M::vals(n)),
-                                v + gdn::v_index(b, t0, hv, T, HV, V) + c0, (long)HV * V, L, tid);
-    cp_commit();
-  };
-  // ... and for lean staging Tinv and PT, a copy group each
-  auto issue_t = [&](int n) {
-    load_tile<2 * kC, kC, kPS, kThreads, true>(sm + M::tinv(n), tinv + (sq.crow + n) * kChunkWs,
-                                               kC, 2 * kC, tid);
-    cp_commit();
-  };
-  if (sq.nc > 0) {
-    issue(0);
-    issue_q(0);
-    if constexpr (M::lean) issue_t(0);
+  if (sq.nc > 0 && !prod) {
+    issue(0, All{}, tid, false);
+    issue_q(0, All{}, tid, false);
+    if constexpr (M::lean) issue_t(0, All{}, tid);
   }
   WB_CLK(0);
   for (int n = 0; n < sq.nc; ++n) {
@@ -1024,7 +1069,7 @@ mma_pass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restric
     else cp_wait<0>();
     __syncthreads();  // this chunk's inputs and S are in place; the other stage is free
     WB_CLK(2);
-    if (n + 1 < sq.nc) issue(n + 1);
+    if (n + 1 < sq.nc && !prod) issue(n + 1, All{}, tid, false);
     WB_CLK(3);
     const QT* Kc = reinterpret_cast<const QT*>(sm + M::keys(n));
     const QT* Vc = reinterpret_cast<const QT*>(sm + M::vals(n));
@@ -1110,7 +1155,7 @@ mma_pass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restric
     }
     __syncthreads();  // R is complete; every warp is done with the queries (and V)
     WB_CLK(5);
-    if (n + 1 < sq.nc) issue_q(n + 1);
+    if (n + 1 < sq.nc && !prod) issue_q(n + 1, All{}, tid, false);
     WB_CLK(6);
     {  // U = Tinv R and PT R (both lower triangular: depth r1 + 16)
       float u[1][2][4], y[1][2][4];
@@ -1156,7 +1201,7 @@ mma_pass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restric
     __syncthreads();  // Ud is complete; every warp is done with Tinv and PT
     WB_CLK(8);
     if constexpr (M::lean)
-      if (n + 1 < sq.nc) issue_t(n + 1);
+      if (n + 1 < sq.nc && !prod) issue_t(n + 1, All{}, tid);
     // S <- exp(gc_last) S + K^T Ud (A(i, j) = K[j][i], raw keys rounded at the fragment load)
     const float el = fd[kC];
 #pragma unroll
@@ -1380,9 +1425,13 @@ __device__ __forceinline__ void update_state(float (&s)[NJ][4], const float (&u)
 //   o^T = scale (exp(gc) nq (Q S)^T + R^T PT^T)
 //   U^T = R^T Tinv^T,  S^T <- exp(gc_last) S^T + (exp(gc_last - gc_j) nk_j U_j)^T K
 // the same algebra and roundings as the shared-memory pass (tf32 operands, float32 sums).
-// NW warps a block (16 NW value columns), one block of NW warps per (b, hv, column group).
+// NW warps a block (16 NW value columns), one block of NW warps per (b, hv, column group), and
+// with fewer than 8 a warp that issues the copies: with 8, a ninth would put three warps on one
+// of the SM's four schedulers and cap registers at 168 (ptxas: spills).
+template <int NW>
+constexpr bool wpass_producer = NW < 8;
 template <int K, typename QT, int NW>
-__global__ void __launch_bounds__(32 * NW, 1)
+__global__ void __launch_bounds__(32 * NW + (wpass_producer<NW> ? 32 : 0), 1)
 mma_wpass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restrict__ v,
           const float* __restrict__ tinv, float* __restrict__ state, void* __restrict__ o, int T,
           int H, int HV, int V, float scale, int odt, int NC, const Packed pk) {
@@ -1398,21 +1447,38 @@ mma_wpass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restri
   float s[NS][4];
   load_state_rows(s, st, 0, V, gq, tq);
   WB_CLK_INIT(2);
-  auto issue = [&](int n) {
+  // chunk n's stage, copied by the NT threads of the NW warps (id: tid) or by the producer warp
+  // (NT 32, id: lane)
+  auto issue = [&](int n, auto nt, int id) {
     const int t0 = sq.first + n * kC;
-    issue_warp_stage<K, QT, NW, NTH>(sm + (n & 1) * P::floats, q, k, v,
-                                     tinv + (sq.crow + n) * kChunkWs, gdn::qk_index(b, t0, h, T, H, K),
-                                     gdn::v_index(b, t0, hv, T, HV, V) + blockIdx.y * P::BV, H, HV,
-                                     V, gdn::imin(kC, tend - t0), tid);
+    issue_warp_stage<K, QT, NW, decltype(nt)::value>(
+        sm + (n & 1) * P::floats, q, k, v, tinv + (sq.crow + n) * kChunkWs,
+        gdn::qk_index(b, t0, h, T, H, K), gdn::v_index(b, t0, hv, T, HV, V) + blockIdx.y * P::BV, H,
+        HV, V, gdn::imin(kC, tend - t0), id);
   };
-  if (sq.nc > 0) issue(0);
+  using All = std::integral_constant<int, NTH>;
+  using Warp = std::integral_constant<int, 32>;
+  // a warp past the NW launched (NW < 8; WORKBENCH_GDN_MMA_COPY, default): it issues every copy,
+  // after the block barrier a chunk, and waits for them before the next; the NW warps only
+  // compute (the same copies and order: the same results)
+  const bool prod = wpass_producer<NW> && blockDim.x > NTH;
+  if (wpass_producer<NW> && w == NW) {
+    if (sq.nc > 0) issue(0, Warp{}, lane);
+    for (int n = 0; n < sq.nc; ++n) {
+      cp_wait<0>();
+      __syncthreads();
+      if (n + 1 < sq.nc) issue(n + 1, Warp{}, lane);
+    }
+    return;
+  }
+  if (sq.nc > 0 && !prod) issue(0, All{}, tid);
   WB_CLK(0);
   for (int n = 0; n < sq.nc; ++n) {
     const int t0 = sq.first + n * kC, L = gdn::imin(kC, tend - t0);
     cp_wait<0>();
     __syncthreads();  // this chunk's stage is in place; every warp is done with the other one
     WB_CLK(1);
-    if (n + 1 < sq.nc) issue(n + 1);
+    if (n + 1 < sq.nc && !prod) issue(n + 1, All{}, tid);
     WB_CLK(2);
     const float* sb = sm + (n & 1) * P::floats;
     const QT* Kc = reinterpret_cast<const QT*>(sb + P::Kk);
@@ -1675,6 +1741,16 @@ int sm_count() {
 // warp-pair pass (16-bit inputs; float32 ones take the warp-resident pass), which is in no rule:
 // at best 3% faster than the warp-resident pass (a mixed packed batch), slower on the other
 // shapes of the same A/B; anything else: the rule.
+// The warps launched with a pass's computing warps to issue its copies (WORKBENCH_GDN_MMA_COPY,
+// read at each launch; for A/Bs): "warps" none (the computing warps copy), "producer" one,
+// otherwise two (the shared-memory passes; the warp-resident pass takes one with fewer than 8
+// warps). The same copies, the same results.
+int copy_producers() {
+  const char* e = getenv("WORKBENCH_GDN_MMA_COPY");
+  if (e && !strcmp(e, "warps")) return 0;
+  return e && !strcmp(e, "producer") ? 1 : 2;
+}
+
 constexpr int kPair = 64;
 // The block of the fewest waves over the SMs, then the fewest warps: warps 2, 4, .. wmax a block,
 // 16 value columns each warp (pair = false) or each two warps (pair = true).
@@ -1712,7 +1788,8 @@ cudaError_t launch_wpass(const GdnArgs* a, float* state, int seqs, int NC, const
     cudaError_t err = allow_smem(mma_wpass<K, QT, NW>, bytes);
     if (err != cudaSuccess) return err;
     const dim3 grid(seqs * a->HV, a->V / (16 * NW));
-    WB_LAUNCH(grid, 32 * NW, bytes, s, mma_wpass<K, QT, NW>)(
+    WB_LAUNCH(grid, 32 * NW + (wpass_producer<NW> && copy_producers() ? 32 : 0), bytes, s,
+              mma_wpass<K, QT, NW>)(
         static_cast<const QT*>(a->q), static_cast<const QT*>(a->k), static_cast<const QT*>(a->v),
         a->tinv, state, a->o, a->T, a->H, a->HV, a->V, a->scale, a->o_dtype, NC, pk);
     return cudaSuccess;
@@ -1751,7 +1828,7 @@ cudaError_t launch_pass(const GdnArgs* a, float* state, int seqs, int NC, const 
                                (int)cudaSharedmemCarveoutMaxShared);
   if (err != cudaSuccess) return err;
   const dim3 grid(seqs * a->HV, a->V / BV);
-  WB_LAUNCH(grid, kThreads, bytes, s, mma_pass<K, QT, BV>)(
+  WB_LAUNCH(grid, kThreads + 32 * copy_producers(), bytes, s, mma_pass<K, QT, BV>)(
       static_cast<const QT*>(a->q), static_cast<const QT*>(a->k), static_cast<const QT*>(a->v),
       a->tinv, state, a->o, a->T, a->H, a->HV, a->V, a->scale, a->o_dtype, NC, pk);
   return cudaSuccess;

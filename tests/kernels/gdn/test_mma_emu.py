@@ -68,6 +68,28 @@ def test_emulated_prepare_per_key_head_is_per_value_head_bit_for_bit(packed, mon
     assert not torch.equal(shared[1][:, 0], shared[1][:, 1])
 
 
+@pytest.mark.parametrize("mma_pass,packed", [("smem", False), ("smem", True), ("smem16", True),
+                                             ("warp", True)])
+def test_emulated_producer_warps_copy_what_the_warps_copied(mma_pass, packed, monkeypatch):
+    """The passes' copies issued by warps launched for them (two, the default; one) land where and
+    before the computing warps' own did (WORKBENCH_GDN_MMA_COPY=warps): o and the state bit for
+    bit, with copies landing only when waited for (the emulation's default), so a copy not waited
+    for before its barrier reads NaN (the emulated shared memory's fill), and with warps drifting
+    apart."""
+    if packed:
+        x = packed_inputs([0, 70, 1, 130, 64], H=1, HV=2, K=64, V=32, dtype=torch.bfloat16, seed=43)
+    else:
+        x = make_inputs(2, 150, 1, 2, 128, 64, dtype=torch.bfloat16, state=True, seed=43)
+    monkeypatch.setenv("WORKBENCH_GDN_MMA_COPY", "warps")
+    want = run(x, mma_pass, monkeypatch, output_dtype=torch.float32)
+    assert torch.isfinite(want[0]).all() and torch.isfinite(want[1]).all()
+    for copy, sched in (("two", "skew"), ("producer", "")):
+        monkeypatch.setenv("WORKBENCH_GDN_MMA_COPY", copy)
+        monkeypatch.setenv("WB_EMU_SCHED", sched)
+        got = run(x, mma_pass, monkeypatch, output_dtype=torch.float32)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), (copy, sched)
+
+
 @pytest.mark.parametrize("mma_pass", ["smem", "smem16", "warp"])
 def test_emulated_16bit_inputs_equal_their_float32_widening(mma_pass, monkeypatch):
     """bf16 q, k, v read as given give the result of the same kernels fed float32 copies (exact
