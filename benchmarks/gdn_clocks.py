@@ -37,7 +37,7 @@ from workbench.kernels.gdn import ext  # noqa: E402
 # the marks of each kernel (kernels/gdn/gdn_mma.cu, WB_CLK(p)): the phase each one closes
 PHASES = {
     "prepare": {0: "load K, Q (once a block)", 1: "issue K K^T, Q K^T (once a block)",
-                2: "gc scan / identity", 3: "barrier a", 4: "A epilogue (products' latency)",
+                2: "gc scan (warp 0)", 3: "barrier a", 4: "A epilogue (products' latency)",
                 5: "barrier b", 6: "inverse + substitution (w0-1) / P (w2-7)", 7: "barrier c",
                 8: "PT = P Tinv", 9: "factor rows", 10: "barrier d"},
     "smem": {0: "state load, first copies (once)", 1: "S to smem (update's latency)",

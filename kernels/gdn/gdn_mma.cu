@@ -626,9 +626,11 @@ mma_l2_norms(const QT* __restrict__ q, const QT* __restrict__ k, float* __restri
 //   T = R_I - sum_{J<I} A_IJ Y_J (tf32 operands, float32 sums), Y_I = (I + A_II)^-1 T,
 // with A's blocks below the diagonal blocks and the inverse diagonal blocks Xd (row stride kPS)
 // already rounded to tf32. Y (rounded to tf32) goes to out (row stride ldo), every row.
+// The right-hand sides are columns c0.. of the identity, formed here (R's rows are only written,
+// each before it is read as Y).
 template <int LDR>
 __device__ __forceinline__ void solve_block_columns(const float* As, const float* Xd, float* R,
-                                                    float* out, long ldo, int lane) {
+                                                    float* out, long ldo, int lane, int c0) {
   const int gq = lane >> 2, tq = lane & 3;
 #pragma unroll
   for (int I = 0; I < 4; ++I) {
@@ -639,8 +641,9 @@ __device__ __forceinline__ void solve_block_columns(const float* As, const float
     for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf) {
-        float2* p = reinterpret_cast<float2*>(R + (16 * I + gq + 8 * hf) * LDR + nt * 8 + 2 * tq);
-        const float2 r = *p;
+        const int i = 16 * I + gq + 8 * hf, c = c0 + nt * 8 + 2 * tq;
+        float2* p = reinterpret_cast<float2*>(R + i * LDR + nt * 8 + 2 * tq);
+        const float2 r = make_float2(i == c ? 1.f : 0.f, i == c + 1 ? 1.f : 0.f);
         *p = make_float2(rtf32(r.x - acc[0][nt][2 * hf]), rtf32(r.y - acc[0][nt][2 * hf + 1]));
       }
     __syncwarp();
@@ -699,7 +702,7 @@ mma_prepare(const QT* __restrict__ q, const QT* __restrict__ k, const float* __r
   QT* Qs = reinterpret_cast<QT*>(sm + S::Qs);  // [C][SK] queries as given
   float* As = sm + S::As;  // [C][PS]  A (strictly lower), float32; below the diagonal blocks tf32
   float* Xs = sm + S::Xs;  // [C][PS]  the diagonal blocks of (I + A)^-1, tf32
-  float* Ts = sm + S::Ts;  // [C][TS]  the identity, then (I + A)^-1 (tf32)
+  float* Ts = sm + S::Ts;  // [C][TS]  (I + A)^-1 (tf32), written by the substitution
   float* Ps = sm + S::Ps;  // [C][PS]  tf32(P)
   float* gc = sm + S::gc;  // [C] cumulative log decay
   float* bt = sm + S::bt;  // [C] beta
@@ -775,9 +778,6 @@ mma_prepare(const QT* __restrict__ q, const QT* __restrict__ k, const float* __r
       gc[i1] = c1;
       bt[i0] = i0 < L ? beta[gdn::gate_index(b, t0 + i0, hv, T, HV)] : 0.f;
       bt[i1] = i1 < L ? beta[gdn::gate_index(b, t0 + i1, hv, T, HV)] : 0.f;
-    } else if (w >= 2) {  // the identity, the right-hand sides of the substitution
-      for (int idx = tid - 64; idx < kC * kC; idx += kThreads - 64)
-        Ts[(idx / kC) * kTS + idx % kC] = idx / kC == idx % kC ? 1.f : 0.f;
     }
     WB_CLK(2);
     __syncthreads();
@@ -805,7 +805,7 @@ mma_prepare(const QT* __restrict__ q, const QT* __restrict__ k, const float* __r
       // 2-3, and each warp's substitution reads all four, so the two warps meet first (named
       // barrier)
       named_sync<1, 64>();
-      solve_block_columns<kTS>(As, Xs, Ts + 32 * w, out + 32 * w, kC, lane);
+      solve_block_columns<kTS>(As, Xs, Ts + 32 * w, out + 32 * w, kC, lane, 32 * w);
     } else {  // warps 2-7: P, one 16 x 32 tile each of the six on or below the diagonal
 #pragma unroll
       for (int nt = 0; nt < 4; ++nt)
