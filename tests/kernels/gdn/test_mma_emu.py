@@ -152,19 +152,29 @@ def test_emulated_schedules_change_nothing(mma_pass, monkeypatch):
         assert torch.equal(o, base[0]) and torch.equal(s, base[1]), cp
 
 
-# each mutation removes what one pass's correctness needs: (source text, replacement, count)
+# each mutation removes what one pass's correctness needs: (source text, replacement, count);
+# the copies are issued by the computing warps (WORKBENCH_GDN_MMA_COPY=warps) or by warps launched
+# for them (the default), so each wait and barrier is taken out of both
 MUTATIONS = [
     # the shared-memory pass waits for all but the newest copy group: this chunk's stage may not
     # have landed
     ("    else cp_wait<0>();\n    __syncthreads();  // this chunk's inputs and S are in place",
      "    else cp_wait<1>();\n    __syncthreads();  // mutant", 1),
+    ("      if constexpr (M::lean) cp_wait<1>();\n      else cp_wait<0>();\n      __syncthreads();  // 1",
+     "      if constexpr (M::lean) cp_wait<1>();\n      else cp_wait<1>();\n      __syncthreads();", 1),
     # its 16-column blocks (lean staging) do not wait for this chunk's Tinv and PT
     ("      if (n + 1 < sq.nc) cp_wait<1>();\n      else cp_wait<0>();\n", "", 1),
+    ("        if (n + 1 < sq.nc) cp_wait<1>();\n        else cp_wait<0>();\n", "", 1),
     # the warp-resident and warp-pair passes copy the next stage before the block barrier: into
     # the buffer slower warps still read
     ("    cp_wait<0>();\n    __syncthreads();  // this chunk's stage is in place; every warp is done "
+     "with the other one\n    WB_CLK(1);\n    if (n + 1 < sq.nc && !prod) issue(n + 1, All{}, tid);",
+     "    cp_wait<0>();\n    if (n + 1 < sq.nc && !prod) issue(n + 1, All{}, tid);\n    __syncthreads();", 1),
+    ("      cp_wait<0>();\n      __syncthreads();\n      if (n + 1 < sq.nc) issue(n + 1, Warp{}, lane);",
+     "      cp_wait<0>();\n      if (n + 1 < sq.nc) issue(n + 1, Warp{}, lane);\n      __syncthreads();", 1),
+    ("    cp_wait<0>();\n    __syncthreads();  // this chunk's stage is in place; every warp is done "
      "with the other one\n    if (n + 1 < sq.nc) issue(n + 1);",
-     "    cp_wait<0>();\n    if (n + 1 < sq.nc) issue(n + 1);\n    __syncthreads();", 2),
+     "    cp_wait<0>();\n    if (n + 1 < sq.nc) issue(n + 1);\n    __syncthreads();", 1),
     # the warp pair: the second half reads R^T before the first half has written it
     ("    pair_sync();  // R^T is in X; the second half is done with Y", "", 1),
 ]
@@ -172,10 +182,10 @@ MUTATIONS = [
 
 @pytest.mark.slow
 def test_emulation_catches_mutants(tmp_path, monkeypatch):
-    """The schedules above are not vacuous: gdn_mma.cu with two waits and two barriers taken out,
-    built under the emulation, gives wrong results where the schedule exposes it (late copies for
-    the missing waits, drifting warps for the early copy, any schedule for the missing pair
-    barrier)."""
+    """The schedules above are not vacuous: gdn_mma.cu with its copy waits and barriers taken out
+    (those of the computing warps and of the warps launched to copy), built under the emulation,
+    gives wrong results where the schedule exposes it (late copies for the missing waits, drifting
+    warps for the early copy, any schedule for the missing pair barrier), whichever warps copy."""
     import ctypes
     import subprocess
 
@@ -197,13 +207,15 @@ def test_emulation_catches_mutants(tmp_path, monkeypatch):
     x = make_inputs(1, 200, 1, 2, 64, 64, dtype=torch.bfloat16, state=True, seed=7)
     ro, _ = oracle.chunked(**x, qk_l2norm=True)
     good = {p: run(x, p, monkeypatch)[0] for p in ("smem", "smem16", "warp", "pair")}
-    for p, sched, cp in (("smem", "lockstep", "late"), ("smem16", "lockstep", "late"),
-                         ("warp", "skew", "eager"), ("pair", "lockstep", "late")):
-        monkeypatch.setenv("WB_EMU_SCHED", sched)
-        monkeypatch.setenv("WB_EMU_CP", cp)
-        assert workbench.compare(ro, good[p]).rel_l2 <= 5e-3
-        o = run(x, p, monkeypatch, lib=lib)[0]
-        assert not torch.isfinite(o.float()).all() or workbench.compare(ro, o).rel_l2 > 1e-2, p
+    for copy in ("warps", "two"):
+        monkeypatch.setenv("WORKBENCH_GDN_MMA_COPY", copy)
+        for p, sched, cp in (("smem", "lockstep", "late"), ("smem16", "lockstep", "late"),
+                             ("warp", "skew", "eager"), ("pair", "lockstep", "late")):
+            monkeypatch.setenv("WB_EMU_SCHED", sched)
+            monkeypatch.setenv("WB_EMU_CP", cp)
+            assert workbench.compare(ro, good[p]).rel_l2 <= 5e-3
+            o = run(x, p, monkeypatch, lib=lib)[0]
+            assert not torch.isfinite(o.float()).all() or workbench.compare(ro, o).rel_l2 > 1e-2, (p, copy)
 
 
 @pytest.mark.gpu
