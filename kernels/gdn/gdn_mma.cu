@@ -17,7 +17,9 @@
 //      sequential over chunks, or the warp-resident pass (the state of 16 columns a warp): the
 //      state tile lives in mma accumulators; per chunk R = beta (V - exp(gc) K S), U = Tinv R,
 //      o = scale (exp(gc) Q S + PT R) and S <- exp(gc_last) S + K^T (exp(gc_last - gc_j) U_j);
-//      the next chunk's inputs are copied into shared memory (cp.async) while this one computes.
+//      the next chunk's inputs are copied into shared memory (cp.async) while this one computes,
+//      by warps launched only for the copies (two with the shared-memory pass, one with the
+//      warp-resident pass below 8 warps; WORKBENCH_GDN_MMA_COPY).
 // The kernels are templated on K (and the element type) so that tile strides and loop bounds are
 // constants: fragment addresses are then a base register plus immediates. Within each k-step of 8, slot t
 // of the fragments holds k = 2t and slot t + 4 holds k = 2t + 1 (any pairing of k with slots
