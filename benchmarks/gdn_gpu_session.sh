@@ -11,6 +11,10 @@
 #   OUT=$OUT bash benchmarks/gdn_gpu_session.sh matrix [shape filters...]
 #                                                       # gdn_matrix prefill rows vs fla;
 #                                                       # MATRIX_ARGS=--kernels adds GPU time per kernel
+#   OUT=$OUT bash benchmarks/gdn_gpu_session.sh clocks [shape filters...]
+#                                                       # gdn_clocks: cycles a chunk per phase of
+#                                                       # prepare and the passes (a build with
+#                                                       # -DWB_GDN_CLOCKS); CLOCKS_PASSES="smem warp"
 #   OUT=$OUT bash benchmarks/gdn_gpu_session.sh phases [passes...]
 #                                                       # prepare / pass GPU time at B1 T8192 HV32,
 #                                                       # each pass forced (default: all four);
@@ -86,8 +90,15 @@ case "$mode" in
       done; } > "$f"
     cat "$f"
     ;;
+  clocks)
+    f="$out/gdn-clocks-$day.json"
+    args=(--out "$f" --passes ${CLOCKS_PASSES:-smem smem16 warp})
+    [ $# -gt 0 ] && args+=(--only "$@")
+    timeout "$limit" python3 benchmarks/gdn_clocks.py "${args[@]}" 2>&1 | tail -3 | cut -c1-400
+    stamp "$f"
+    ;;
   *)
-    echo "usage: OUT=dir bash benchmarks/gdn_gpu_session.sh tests|ab|matrix|phases [args...]" >&2
+    echo "usage: OUT=dir bash benchmarks/gdn_gpu_session.sh tests|ab|matrix|phases|clocks [args...]" >&2
     exit 2
     ;;
 esac
