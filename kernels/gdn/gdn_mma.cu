@@ -628,14 +628,35 @@ mma_l2_norms(const QT* __restrict__ q, const QT* __restrict__ k, float* __restri
 //   T = R_I - sum_{J<I} A_IJ Y_J (tf32 operands, float32 sums), Y_I = (I + A_II)^-1 T,
 // with A's blocks below the diagonal blocks and the inverse diagonal blocks Xd (row stride kPS)
 // already rounded to tf32. Y (rounded to tf32) goes to out (row stride ldo), every row.
-// The right-hand sides are columns c0.. of the identity, formed here (R's rows are only written,
-// each before it is read as Y).
+// The right-hand sides are columns c0.. of the identity (c0 a multiple of 32), formed here (R's
+// rows are only written, each before it is read as Y). skip: the blocks above row block
+// I0 = c0 / 16 are zero and Y_I0 is [X_I0 | 0] (its T is the identity's [I | 0]: the product
+// with it gives X_I0's own tf32 values, the zero columns +0), so they are written as such rather
+// than formed by a product each: the same bits, one stage of four fewer on warp 0's chain (the
+// longest); WORKBENCH_GDN_MMA_SOLVE=full forms every block (A/Bs).
 template <int LDR>
 __device__ __forceinline__ void solve_block_columns(const float* As, const float* Xd, float* R,
-                                                    float* out, long ldo, int lane, int c0) {
+                                                    float* out, long ldo, int lane, int c0,
+                                                    bool skip) {
   const int gq = lane >> 2, tq = lane & 3;
+  const int I0 = skip ? c0 / 16 : -1;
 #pragma unroll
   for (int I = 0; I < 4; ++I) {
+    if (I <= I0) {  // zero above I0; [X_I0 | 0] at I0
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+          const int i = 16 * I + gq + 8 * hf, c = nt * 8 + 2 * tq;
+          const float2 yr = I == I0 && nt < 2
+                                ? *reinterpret_cast<const float2*>(Xd + i * kPS + c0 + c)
+                                : make_float2(0.f, 0.f);
+          *reinterpret_cast<float2*>(R + i * LDR + c) = yr;
+          *reinterpret_cast<float2*>(out + i * ldo + c) = yr;
+        }
+      __syncwarp();
+      continue;
+    }
     float acc[1][4][4];
     zero(acc);
     if (I > 0) gemm_to<1, 4, kPS, 1, LDR, 1>(acc, As + 16 * I * kPS, R, 16 * I, lane);
@@ -694,7 +715,7 @@ __global__ void __launch_bounds__(kThreads, 2)
 mma_prepare(const QT* __restrict__ q, const QT* __restrict__ k, const float* __restrict__ g,
             const float* __restrict__ beta, const float* __restrict__ nq,
             const float* __restrict__ nk, float* __restrict__ tinv, int T, int H, int HV, int NC,
-            int hvs, const Packed pk) {
+            int hvs, int skip, const Packed pk) {
   using S = PrepSmem<K, QT>;
   constexpr int SK = S::SK;
   WB_CLK_INIT(0);
@@ -807,7 +828,7 @@ mma_prepare(const QT* __restrict__ q, const QT* __restrict__ k, const float* __r
       // 2-3, and each warp's substitution reads all four, so the two warps meet first (named
       // barrier)
       named_sync<1, 64>();
-      solve_block_columns<kTS>(As, Xs, Ts + 32 * w, out + 32 * w, kC, lane, 32 * w);
+      solve_block_columns<kTS>(As, Xs, Ts + 32 * w, out + 32 * w, kC, lane, 32 * w, skip);
     } else {  // warps 2-7: P, one 16 x 32 tile each of the six on or below the diagonal
 #pragma unroll
       for (int nt = 0; nt < 4; ++nt)
@@ -1855,8 +1876,10 @@ cudaError_t launch_chunks(const GdnArgs* a, float* state, int seqs, int NC, cons
   const int chunks = pk.n ? NC : seqs * NC;
   const char* pe = getenv("WORKBENCH_GDN_MMA_PREPARE");
   const int hvs = pe && !strcmp(pe, "value-head") ? 1 : HV / a->H;
+  const char* se = getenv("WORKBENCH_GDN_MMA_SOLVE");  // full: every block of the substitution
+  const int skip = !(se && !strcmp(se, "full"));
   WB_LAUNCH(chunks * (HV / hvs), kThreads, s1, s, mma_prepare<K, QT>)(
-      q, k, a->g, a->beta, a->nq, a->nk, a->tinv, a->T, a->H, HV, NC, hvs, pk);
+      q, k, a->g, a->beta, a->nq, a->nk, a->tinv, a->T, a->H, HV, NC, hvs, skip, pk);
   const int nw = pass_plan(seqs * HV, V, is_f32<QT>, sm_count());
   if (nw == 0) return launch_pass<K, QT, 32>(a, state, seqs, NC, pk, s);
   if (nw == 1) return launch_pass<K, QT, 16>(a, state, seqs, NC, pk, s);

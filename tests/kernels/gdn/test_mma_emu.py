@@ -68,6 +68,23 @@ def test_emulated_prepare_per_key_head_is_per_value_head_bit_for_bit(packed, mon
     assert not torch.equal(shared[1][:, 0], shared[1][:, 1])
 
 
+@pytest.mark.parametrize("packed", [False, True], ids=["batch", "packed"])
+def test_emulated_substitution_shortcut_is_the_full_one(packed, monkeypatch):
+    """Prepare's substitution writes the zero blocks above each warp's first identity block and
+    that block's [X | 0] instead of forming them by products (the default): Tinv, PT and so o and
+    the state are the bits of forming every block (WORKBENCH_GDN_MMA_SOLVE=full), also for chunks
+    shorter than a 16-row block."""
+    if packed:
+        x = packed_inputs([0, 1, 70, 17, 64], H=1, HV=2, K=64, V=32, dtype=torch.bfloat16, seed=47)
+    else:
+        x = make_inputs(2, 130, 1, 2, 128, 32, dtype=torch.bfloat16, state=True, seed=47)
+    short = run(x, "smem", monkeypatch, output_dtype=torch.float32)
+    monkeypatch.setenv("WORKBENCH_GDN_MMA_SOLVE", "full")
+    full = run(x, "smem", monkeypatch, output_dtype=torch.float32)
+    assert torch.isfinite(short[0]).all() and torch.isfinite(short[1]).all()
+    assert torch.equal(short[0], full[0]) and torch.equal(short[1], full[1])
+
+
 @pytest.mark.parametrize("mma_pass,packed", [("smem", False), ("smem", True), ("smem16", True),
                                              ("warp", True)])
 def test_emulated_producer_warps_copy_what_the_warps_copied(mma_pass, packed, monkeypatch):
