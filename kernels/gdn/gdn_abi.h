@@ -26,7 +26,7 @@ struct GdnArgs {
   int acc64;          // 1: dot products accumulate in double
   int in_dtype;       // WbDtype of q, k, v (the mma path)
   int o_dtype;        // WbDtype of o (the mma path and the CUDA recurrence)
-  // the CUDA recurrence (gdn_recurrent_cuda) also reads:
+  // the CUDA recurrence (gdn_recurrent_cuda) also reads (h0 and zero_state: the mma path too):
   const float* h0;    // the initial state [B,HV,K,V] float32 (state is then written only), or null
   int g_dtype;        // WbDtype of g and of beta (q, k, v: in_dtype)
   int beta_dtype;

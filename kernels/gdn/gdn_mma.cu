@@ -962,8 +962,8 @@ struct PassSmem {
 template <int K, typename QT, int BV>
 __global__ void __launch_bounds__(kThreads + 64, pass_lean<K, QT, BV> ? 2 : 1)
 mma_pass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restrict__ v,
-         const float* __restrict__ tinv, float* __restrict__ state, void* __restrict__ o, int T,
-         int H, int HV, int V, float scale, int odt, int NC, const Packed pk) {
+         const float* __restrict__ tinv, const float* h0, float* state, void* __restrict__ o,
+         int T, int H, int HV, int V, float scale, int odt, int NC, const Packed pk) {
   static_assert(pass_bv_ok<BV>, "32 or 16 value columns a block");
   using P = PassStage<K, QT, BV>;
   using M = PassSmem<K, QT, BV>;
@@ -1059,14 +1059,16 @@ mma_pass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restric
     else produce(std::integral_constant<int, 64>{}, tid - kThreads);
     return;
   }
-  float* st = state + gdn::state_index(sq.sb, hv, HV, K, V) + c0;
-  float s[1][NT3][4];  // rows r3 + gq (+8), columns n3 + 8nt + 2tq (+1)
+  const long at = gdn::state_index(sq.sb, hv, HV, K, V) + c0;
+  float* st = state + at;
+  float s[1][NT3][4];  // rows r3 + gq (+8), columns n3 + 8nt + 2tq (+1): from h0, or zeros
 #pragma unroll
   for (int nt = 0; nt < NT3; ++nt)
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf) {
       const int r = r3 + gq + 8 * hf, c = n3 + nt * 8 + 2 * tq;
-      const float2 x = *reinterpret_cast<const float2*>(st + (long)r * V + c);
+      const float2 x = h0 ? *reinterpret_cast<const float2*>(h0 + at + (long)r * V + c)
+                          : make_float2(0.f, 0.f);
       s[0][nt][2 * hf] = x.x;
       s[0][nt][2 * hf + 1] = x.y;
     }
@@ -1283,7 +1285,8 @@ __device__ __forceinline__ void issue_warp_stage(float* sb, const QT* q, const Q
   cp_commit();
 }
 
-// NJ state accumulators from / to the state's rows k0 .. k0 + 8 NJ - 1 (st: the warp's column 0).
+// NJ state accumulators from / to the state's rows k0 .. k0 + 8 NJ - 1 (st: the warp's column 0;
+// loading from null: zeros).
 template <int NJ>
 __device__ __forceinline__ void load_state_rows(float (&s)[NJ][4], const float* st, int k0, int V,
                                                 int gq, int tq) {
@@ -1291,7 +1294,7 @@ __device__ __forceinline__ void load_state_rows(float (&s)[NJ][4], const float* 
   for (int j = 0; j < NJ; ++j)
 #pragma unroll
     for (int r = 0; r < 4; ++r)
-      s[j][r] = st[(long)(k0 + 8 * j + 2 * tq + (r & 1)) * V + gq + 8 * (r >> 1)];
+      s[j][r] = st ? st[(long)(k0 + 8 * j + 2 * tq + (r & 1)) * V + gq + 8 * (r >> 1)] : 0.f;
 }
 template <int NJ>
 __device__ __forceinline__ void store_state_rows(const float (&s)[NJ][4], float* st, int k0, int V,
@@ -1456,8 +1459,8 @@ constexpr bool wpass_producer = NW < 8;
 template <int K, typename QT, int NW>
 __global__ void __launch_bounds__(32 * NW + (wpass_producer<NW> ? 32 : 0), 1)
 mma_wpass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restrict__ v,
-          const float* __restrict__ tinv, float* __restrict__ state, void* __restrict__ o, int T,
-          int H, int HV, int V, float scale, int odt, int NC, const Packed pk) {
+          const float* __restrict__ tinv, const float* h0, float* state, void* __restrict__ o,
+          int T, int H, int HV, int V, float scale, int odt, int NC, const Packed pk) {
   using P = WarpStage<K, QT, NW>;
   constexpr int NTH = 32 * NW, NS = K / 8, SVT = P::SVT;
   WB_DYNAMIC_SMEM(float4, smem4);
@@ -1466,9 +1469,10 @@ mma_wpass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restri
   const int b = sq.b, hv = blockIdx.x % HV, h = hv / (HV / H), tend = sq.first + sq.len;
   const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, gq = lane >> 2, tq = lane & 3;
   const int wc = 16 * w, c0 = blockIdx.y * P::BV + wc;  // the warp's columns: c0 + 0..15
-  float* st = state + gdn::state_index(sq.sb, hv, HV, K, V) + c0;
+  const long at = gdn::state_index(sq.sb, hv, HV, K, V) + c0;
+  float* st = state + at;
   float s[NS][4];
-  load_state_rows(s, st, 0, V, gq, tq);
+  load_state_rows(s, h0 ? h0 + at : nullptr, 0, V, gq, tq);
   WB_CLK_INIT(2);
   // chunk n's stage, copied by the NT threads of the NW warps (id: tid) or by the producer warp
   // (NT 32, id: lane)
@@ -1602,8 +1606,8 @@ mma_wpass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restri
 template <int K, typename QT, int NP>
 __global__ void __launch_bounds__(64 * NP, 1)
 mma_ppass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restrict__ v,
-          const float* __restrict__ tinv, float* __restrict__ state, void* __restrict__ o, int T,
-          int H, int HV, int V, float scale, int odt, int NC, const Packed pk) {
+          const float* __restrict__ tinv, const float* h0, float* state, void* __restrict__ o,
+          int T, int H, int HV, int V, float scale, int odt, int NC, const Packed pk) {
   static_assert(!is_f32<QT>, "16-bit q, k, v (float32 stages do not fit with the exchange)");
   using P = WarpStage<K, QT, NP>;  // the block's 16 NP value columns
   constexpr int NTH = 64 * NP, NH = K / 16, SVT = P::SVT;
@@ -1632,9 +1636,10 @@ mma_ppass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restri
     }
   };
   auto pair_sync = [&]() { named_sync<64>(1 + pr); };
-  float* st = state + gdn::state_index(sq.sb, hv, HV, K, V) + c0;
+  const long at = gdn::state_index(sq.sb, hv, HV, K, V) + c0;
+  float* st = state + at;
   float s[NH][4];
-  load_state_rows(s, st, k0, V, gq, tq);
+  load_state_rows(s, h0 ? h0 + at : nullptr, k0, V, gq, tq);
   auto issue = [&](int n) {
     const int t0 = sq.first + n * kC;
     issue_warp_stage<K, QT, NP, NTH>(sm + (n & 1) * P::floats, q, k, v,
@@ -1801,8 +1806,8 @@ int pass_plan(int BH, int V, bool f32, int sms) {
 }
 
 template <int K, typename QT, int NW>
-cudaError_t launch_wpass(const GdnArgs* a, float* state, int seqs, int NC, const Packed& pk,
-                         cudaStream_t s) {
+cudaError_t launch_wpass(const GdnArgs* a, const float* h0, float* state, int seqs, int NC,
+                         const Packed& pk, cudaStream_t s) {
   if constexpr (is_f32<QT> && NW > 2) {
     return cudaErrorInvalidValue;
   } else {
@@ -1814,14 +1819,14 @@ cudaError_t launch_wpass(const GdnArgs* a, float* state, int seqs, int NC, const
     WB_LAUNCH(grid, 32 * NW + (wpass_producer<NW> && copy_producers() ? 32 : 0), bytes, s,
               mma_wpass<K, QT, NW>)(
         static_cast<const QT*>(a->q), static_cast<const QT*>(a->k), static_cast<const QT*>(a->v),
-        a->tinv, state, a->o, a->T, a->H, a->HV, a->V, a->scale, a->o_dtype, NC, pk);
+        a->tinv, h0, state, a->o, a->T, a->H, a->HV, a->V, a->scale, a->o_dtype, NC, pk);
     return cudaSuccess;
   }
 }
 
 template <int K, typename QT, int NP>
-cudaError_t launch_ppass(const GdnArgs* a, float* state, int seqs, int NC, const Packed& pk,
-                         cudaStream_t s) {
+cudaError_t launch_ppass(const GdnArgs* a, const float* h0, float* state, int seqs, int NC,
+                         const Packed& pk, cudaStream_t s) {
   if constexpr (is_f32<QT>) {
     return cudaErrorInvalidValue;
   } else {
@@ -1832,14 +1837,14 @@ cudaError_t launch_ppass(const GdnArgs* a, float* state, int seqs, int NC, const
     const dim3 grid(seqs * a->HV, a->V / (16 * NP));
     WB_LAUNCH(grid, 64 * NP, bytes, s, mma_ppass<K, QT, NP>)(
         static_cast<const QT*>(a->q), static_cast<const QT*>(a->k), static_cast<const QT*>(a->v),
-        a->tinv, state, a->o, a->T, a->H, a->HV, a->V, a->scale, a->o_dtype, NC, pk);
+        a->tinv, h0, state, a->o, a->T, a->H, a->HV, a->V, a->scale, a->o_dtype, NC, pk);
     return cudaSuccess;
   }
 }
 
 template <int K, typename QT, int BV>
-cudaError_t launch_pass(const GdnArgs* a, float* state, int seqs, int NC, const Packed& pk,
-                        cudaStream_t s) {
+cudaError_t launch_pass(const GdnArgs* a, const float* h0, float* state, int seqs, int NC,
+                        const Packed& pk, cudaStream_t s) {
   constexpr size_t bytes = sizeof(float) * PassSmem<K, QT, BV>::floats;
   static_assert(bytes <= 227 * 1024, "the shared-memory pass's shared memory");
   // lean staging: two blocks an SM (228 KiB an SM, 1 KiB of it reserved a block)
@@ -1853,15 +1858,15 @@ cudaError_t launch_pass(const GdnArgs* a, float* state, int seqs, int NC, const 
   const dim3 grid(seqs * a->HV, a->V / BV);
   WB_LAUNCH(grid, kThreads + 32 * copy_producers(), bytes, s, mma_pass<K, QT, BV>)(
       static_cast<const QT*>(a->q), static_cast<const QT*>(a->k), static_cast<const QT*>(a->v),
-      a->tinv, state, a->o, a->T, a->H, a->HV, a->V, a->scale, a->o_dtype, NC, pk);
+      a->tinv, h0, state, a->o, a->T, a->H, a->HV, a->V, a->scale, a->o_dtype, NC, pk);
   return cudaSuccess;
 }
 
 // prepare and the pass over seqs sequences of NC chunks at most: a plain batch (pk.n = 0, seqs =
 // B) or one launch's group of a packed batch (seqs = pk.n, NC = pk.nc; state: the group's first).
 template <int K, typename QT>
-cudaError_t launch_chunks(const GdnArgs* a, float* state, int seqs, int NC, const Packed& pk,
-                          cudaStream_t s) {
+cudaError_t launch_chunks(const GdnArgs* a, const float* h0, float* state, int seqs, int NC,
+                          const Packed& pk, cudaStream_t s) {
   const QT *q = static_cast<const QT*>(a->q), *k = static_cast<const QT*>(a->k),
            *v = static_cast<const QT*>(a->v);
   constexpr int kMaxSmem = 227 * 1024;  // an sm_90 block's opt-in shared memory
@@ -1878,18 +1883,21 @@ cudaError_t launch_chunks(const GdnArgs* a, float* state, int seqs, int NC, cons
   const int hvs = pe && !strcmp(pe, "value-head") ? 1 : HV / a->H;
   const char* se = getenv("WORKBENCH_GDN_MMA_SOLVE");  // full: every block of the substitution
   const int skip = !(se && !strcmp(se, "full"));
-  WB_LAUNCH(chunks * (HV / hvs), kThreads, s1, s, mma_prepare<K, QT>)(
-      q, k, a->g, a->beta, a->nq, a->nk, a->tinv, a->T, a->H, HV, NC, hvs, skip, pk);
+  // a launch of only empty sequences has no chunk to prepare; its pass still copies h0 (or zeros)
+  // into their final states
+  if (chunks > 0)
+    WB_LAUNCH(chunks * (HV / hvs), kThreads, s1, s, mma_prepare<K, QT>)(
+        q, k, a->g, a->beta, a->nq, a->nk, a->tinv, a->T, a->H, HV, NC, hvs, skip, pk);
   const int nw = pass_plan(seqs * HV, V, is_f32<QT>, sm_count());
-  if (nw == 0) return launch_pass<K, QT, 32>(a, state, seqs, NC, pk, s);
-  if (nw == 1) return launch_pass<K, QT, 16>(a, state, seqs, NC, pk, s);
+  if (nw == 0) return launch_pass<K, QT, 32>(a, h0, state, seqs, NC, pk, s);
+  if (nw == 1) return launch_pass<K, QT, 16>(a, h0, state, seqs, NC, pk, s);
   if (nw & kPair)
-    return nw == (kPair | 8)   ? launch_ppass<K, QT, 4>(a, state, seqs, NC, pk, s)
-           : nw == (kPair | 4) ? launch_ppass<K, QT, 2>(a, state, seqs, NC, pk, s)
-                               : launch_ppass<K, QT, 1>(a, state, seqs, NC, pk, s);
-  return nw == 8   ? launch_wpass<K, QT, 8>(a, state, seqs, NC, pk, s)
-         : nw == 4 ? launch_wpass<K, QT, 4>(a, state, seqs, NC, pk, s)
-                   : launch_wpass<K, QT, 2>(a, state, seqs, NC, pk, s);
+    return nw == (kPair | 8)   ? launch_ppass<K, QT, 4>(a, h0, state, seqs, NC, pk, s)
+           : nw == (kPair | 4) ? launch_ppass<K, QT, 2>(a, h0, state, seqs, NC, pk, s)
+                               : launch_ppass<K, QT, 1>(a, h0, state, seqs, NC, pk, s);
+  return nw == 8   ? launch_wpass<K, QT, 8>(a, h0, state, seqs, NC, pk, s)
+         : nw == 4 ? launch_wpass<K, QT, 4>(a, h0, state, seqs, NC, pk, s)
+                   : launch_wpass<K, QT, 2>(a, h0, state, seqs, NC, pk, s);
 }
 
 // The table of a packed launch: sequences g0 .. g0 + kSeqs - 1 (at most) of the nseq at token
@@ -1919,13 +1927,16 @@ int launch_mma(const GdnArgs* a, const int* cu, int nseq) {
   Packed pk;
   pk.n = pk.nc = 0;
   cudaError_t err = cudaSuccess;
+  // the initial states: h0, or (h0 null) state itself, read in place, or zeros (zero_state); the
+  // passes read them and write the final states to state
+  const float* h0 = a->zero_state ? nullptr : a->h0 ? a->h0 : a->state;
   if (!cu) {
-    err = launch_chunks<K, QT>(a, a->state, a->B, (a->T + kC - 1) / kC, pk, s);
+    err = launch_chunks<K, QT>(a, h0, a->state, a->B, (a->T + kC - 1) / kC, pk, s);
   } else {
     for (int g0 = 0; g0 < nseq && err == cudaSuccess; g0 += kSeqs) {
       packed_group(cu, nseq, g0, pk);
-      if (pk.nc == 0) continue;  // only empty sequences: their states stay as given
-      err = launch_chunks<K, QT>(a, a->state + (long)g0 * a->HV * a->K * a->V, pk.n, pk.nc, pk, s);
+      const long at = (long)g0 * a->HV * a->K * a->V;
+      err = launch_chunks<K, QT>(a, h0 ? h0 + at : nullptr, a->state + at, pk.n, pk.nc, pk, s);
     }
   }
   if (err != cudaSuccess) return (int)err;

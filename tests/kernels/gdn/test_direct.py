@@ -51,6 +51,41 @@ def test_ext_decode_makes_no_staging_copies():
     assert s.data_ptr() != x["initial_state"].data_ptr()
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("packed", [False, True], ids=["batch", "packed"])
+def test_gpu_mma_prefill_reads_the_initial_state_where_it_lies(packed):
+    """The chunked call on the mma path neither copies nor zero-fills the state before its kernels
+    (they read the initial state where it lies and write the final state to a new tensor): bit
+    for bit the kernels updating a staged copy in place, the caller's tensor unchanged; a packed
+    batch with empty sequences likewise."""
+    if not has_cuda():
+        pytest.skip("needs a CUDA GPU")
+    from workbench.kernels.gdn._cases import packed_inputs
+    if packed:
+        x = packed_inputs([0, 70, 1, 130, 0, 64], H=2, HV=4, K=128, V=64, dtype=torch.bfloat16,
+                          seed=61, device="cuda")
+    else:
+        x = make_inputs(2, 150, 2, 4, 128, 64, dtype=torch.bfloat16, state=True, seed=61,
+                        device="cuda")
+    s0 = x["initial_state"].clone()
+    gdn.chunked(**x, qk_l2norm=True, backend="ext")  # build and warm up
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        o, s = gdn.chunked(**x, qk_l2norm=True, backend="ext")
+    ops = {e.key for e in prof.key_averages()}
+    assert not ops & {"aten::clone", "aten::zeros", "aten::zero_", "aten::fill_"}, sorted(ops)
+    assert torch.equal(x["initial_state"], s0) and s.data_ptr() != s0.data_ptr()
+    assert torch.isfinite(o.float()).all() and torch.isfinite(s).all()
+    # the same kernels on a staged copy, updated in place
+    cu = x.pop("cu_seqlens", None)
+    st = ext.staged("chunked", **{**x, "initial_state": None if packed else x["initial_state"]},
+                    qk_l2norm=True)
+    state = s0.clone() if packed else st.state
+    ro = torch.empty(st.s.B, st.s.T, st.s.HV, st.s.V, dtype=o.dtype, device="cuda")
+    ext.launch("chunked", st.s, st.chunk, st.acc64, st.tensors, state, ro, path="mma",
+               qk_l2norm=st.qk_l2norm, cu_seqlens=cu)
+    assert torch.equal(o, ro) and torch.equal(s, state)
+
+
 def test_ext_launch_refuses_mixed_qkv_dtypes_and_bad_h0():
     x = make_inputs(1, 2, 1, 2, 8, 8)
     sh = check_gdn(x["q"], x["k"], x["v"], x["g"], x["beta"], None, None)

@@ -68,6 +68,51 @@ def test_emulated_prepare_per_key_head_is_per_value_head_bit_for_bit(packed, mon
     assert not torch.equal(shared[1][:, 0], shared[1][:, 1])
 
 
+@pytest.mark.parametrize("mma_pass", ["smem", "smem16", "warp", "pair"])
+def test_emulated_initial_state_read_where_it_lies(mma_pass, monkeypatch):
+    """The passes read the initial state from h0 and write the final state to another tensor (the
+    public call no longer copies the state first; the emulation's state starts as NaN, so an
+    element not written shows): bit for bit the result of updating a copy in place, zeros
+    (zero_state) those of a zero state, and the caller's tensor is left as it was."""
+    from workbench.kernels.gdn import ext
+    from workbench.kernels.gdn._launch import stage
+    from workbench.numerics.policy import Policy
+
+    monkeypatch.setenv("WORKBENCH_GDN_MMA_PASS", mma_pass)
+    x = make_inputs(2, 70, 1, 2, 64, 32, dtype=torch.bfloat16, state=True, seed=53)
+    s0 = x["initial_state"].clone()
+    o, s = mma_emu.chunked(**x, output_dtype=torch.float32)
+    assert torch.equal(x["initial_state"], s0) and torch.isfinite(s).all()
+
+    def in_place(initial):
+        st, _, C, tensors, state, _ = stage("ext", x["q"], x["k"], x["v"], x["g"], x["beta"], None,
+                                            initial, False, Policy(), None, widen=False)
+        out = torch.empty(st.B, st.T, st.HV, st.V, dtype=torch.float32)
+        ext.launch("chunked", st, C, 0, tensors, state, out, path="mma", lib=mma_emu.library())
+        return out, state
+
+    io, is_ = in_place(x["initial_state"])
+    assert torch.equal(o, io) and torch.equal(s, is_)
+    zo, zs = mma_emu.chunked(**{**x, "initial_state": None}, output_dtype=torch.float32)
+    io, is_ = in_place(None)
+    assert torch.equal(zo, io) and torch.equal(zs, is_) and not torch.equal(zs, s)
+
+
+def test_emulated_packed_launch_of_only_empty_sequences_copies_their_states(monkeypatch):
+    """A packed batch whose first launch (128 sequences) holds only empty ones: that launch has no
+    chunk to prepare, and its pass still writes each empty sequence's final state (its initial
+    one; zeros without one) into the new state tensor."""
+    monkeypatch.setenv("WB_EMU_SMS", "8")
+    x = packed_inputs([0] * 128 + [70, 3], H=1, HV=1, K=64, V=32, dtype=torch.bfloat16, seed=59)
+    o, s = mma_emu.chunked(**x, output_dtype=torch.float32)
+    assert torch.equal(s[:128], x["initial_state"][:128]) and torch.isfinite(s).all()
+    alone = mma_emu.chunked(**{**x, "initial_state": x["initial_state"][128:],
+                               "cu_seqlens": [0, 70, 73]}, output_dtype=torch.float32)
+    assert torch.equal(o, alone[0]) and torch.equal(s[128:], alone[1])
+    _, z = mma_emu.chunked(**{**x, "initial_state": None}, output_dtype=torch.float32)
+    assert torch.equal(z[:128], torch.zeros_like(z[:128])) and torch.isfinite(z).all()
+
+
 @pytest.mark.parametrize("packed", [False, True], ids=["batch", "packed"])
 def test_emulated_substitution_shortcut_is_the_full_one(packed, monkeypatch):
     """Prepare's substitution writes the zero blocks above each warp's first identity block and

@@ -18,13 +18,14 @@ DIRECT = {t: native_code(t) for t in (torch.float32, torch.bfloat16, torch.float
 
 
 def stage(backend, q, k, v, g, beta, scale, initial_state, qk_l2norm, policy, chunk_size=None,
-          widen=True):
+          widen=True, state=True):
     """Check arguments; return (shape, policy, chunk, float32 contiguous tensors, out dtype).
 
     The kernels read float32: q, k, v and beta are materialized in ``policy.input_dtype`` first
     (when set) and then widened; the L2 norm of q and k is applied here, in float32.
     ``widen=False`` leaves q, k and v contiguous in their (materialized) dtype when no L2 norm is
-    applied, for kernels that read bf16 / fp16 themselves.
+    applied, for kernels that read bf16 / fp16 themselves. ``state=False``: no state is made
+    (None in its place; the caller makes what its kernels need).
     """
     s = check_gdn(q, k, v, g, beta, scale, initial_state)
     p = policy  # a Policy (the dispatcher's, or backend_op's for a direct call)
@@ -45,9 +46,26 @@ def stage(backend, q, k, v, g, beta, scale, initial_state, qk_l2norm, policy, ch
     if qk_l2norm:
         q, k = l2norm(q).contiguous(), l2norm(k).contiguous()
     g = g.to(torch.float32).contiguous()
-    state = (torch.zeros(s.B, s.HV, s.K, s.V, dtype=torch.float32, device=q.device)
-             if initial_state is None else initial_state.to(torch.float32).clone().contiguous())
+    if state:
+        state = state_copy(s, initial_state, q.device)
+    else:
+        state = None
     return s, p, C, (q, k, v, g, beta), state, out
+
+
+def state_copy(s, initial_state, device):
+    """A float32 copy of the initial state (zeros: none), for kernels that update it in place."""
+    return (torch.zeros(s.B, s.HV, s.K, s.V, dtype=torch.float32, device=device)
+            if initial_state is None else initial_state.to(torch.float32).clone().contiguous())
+
+
+def state_source(initial_state):
+    """The initial state as kernels that read it where it lies take it (``h0``): float32 and
+    contiguous (a copy only when it is not), or None (zeros)."""
+    h0 = initial_state
+    if h0 is not None and (h0.dtype != torch.float32 or not h0.is_contiguous()):
+        h0 = h0.to(torch.float32).contiguous()
+    return h0
 
 
 def _direct(x: torch.Tensor, inp) -> torch.Tensor:
@@ -75,9 +93,7 @@ def stage_direct(q, k, v, g, beta, scale, initial_state, policy):
     out = torch_dtype(p.output_dtype) if p.output_dtype else v.dtype
     q, k, v, beta = (_direct(x, inp) for x in (q, k, v, beta))
     g = _direct(g, None)
-    h0 = initial_state
-    if h0 is not None and (h0.dtype != torch.float32 or not h0.is_contiguous()):
-        h0 = h0.to(torch.float32).contiguous()
+    h0 = state_source(initial_state)
     state = torch.empty(s.B, s.HV, s.K, s.V, dtype=torch.float32, device=q.device)
     o = torch.empty(s.B, s.T, s.HV, s.V, dtype=out if out in DIRECT else torch.float32, device=q.device)
     return s, (q, k, v, g, beta), h0, state, o, out

@@ -39,7 +39,8 @@ from workbench.errors import KernelArgumentError, PolicyError
 from workbench.kernels import _abi, _native
 from workbench.kernels._abi import GdnArgs
 from workbench.kernels.gdn._checks import check_gdn, l2norm, resolve_chunk
-from workbench.kernels.gdn._launch import DIRECT, check_direct, empty_result, stage, stage_direct
+from workbench.kernels.gdn._launch import (DIRECT, check_direct, empty_result, stage, stage_direct, state_copy,
+                                           state_source)
 from workbench.kernels.registry import backend_op, note_path
 from workbench.numerics.dtypes import native_code, torch_dtype
 from workbench.numerics.policy import requested_cuda_path
@@ -217,16 +218,21 @@ class Staged(NamedTuple):
     out: torch.dtype      # o's dtype
     path: str             # CUDA chunked path: "mma" or "scalar"
     qk_l2norm: bool       # the L2 norm of q and k is still to be applied (by the mma kernels)
+    # copy=False on the mma path: state is a new tensor the kernels only write, and they read the
+    # initial state from h0 (float32, where the caller's lies), or zeros (zero_state)
+    h0: object = None
+    zero_state: bool = False
 
 
 @backend_op
 def staged(op, q, k, v, g, beta, scale=None, initial_state=None, qk_l2norm=False, policy=None,
-           chunk_size=None) -> Staged:
+           chunk_size=None, copy=True) -> Staged:
     """Inputs as the kernels of ``op`` take them. On the mma path q, k, v stay bf16 / fp16 (else
     they are widened to float32) and ``qk_l2norm`` is left to the kernels; elsewhere q and k are
-    normalized here, in float32."""
-    s, p, C, tensors, state, out = stage("ext", q, k, v, g, beta, scale, initial_state, False,
-                                         policy, chunk_size, widen=False)
+    normalized here, in float32. The state is a float32 copy of the initial state that the
+    kernels update in place, except with ``copy=False`` on the mma path (see :class:`Staged`)."""
+    s, p, C, tensors, _, out = stage("ext", q, k, v, g, beta, scale, initial_state, False,
+                                     policy, chunk_size, widen=False, state=False)
     acc64 = int(p.accum_dtype == "fp64")
     path = "scalar"
     if op == "chunked" and tensors[0].is_cuda:
@@ -241,7 +247,13 @@ def staged(op, q, k, v, g, beta, scale=None, initial_state=None, qk_l2norm=False
         tensors = (*(x.to(torch.float32).contiguous() for x in tensors[:3]), *tensors[3:])
     if qk_l2norm and path != "mma":
         tensors = (l2norm(tensors[0]).contiguous(), l2norm(tensors[1]).contiguous(), *tensors[2:])
-    return Staged(s, p, C, acc64, tensors, state, out, path, bool(qk_l2norm and path == "mma"))
+    l2 = bool(qk_l2norm and path == "mma")
+    if path == "mma" and not copy:
+        h0 = state_source(initial_state)
+        state = torch.empty(s.B, s.HV, s.K, s.V, dtype=torch.float32, device=tensors[0].device)
+        return Staged(s, p, C, acc64, tensors, state, out, path, l2, h0, h0 is None)
+    state = state_copy(s, initial_state, tensors[0].device)
+    return Staged(s, p, C, acc64, tensors, state, out, path, l2)
 
 
 def _recurrent(q, k, v, g, beta, scale, initial_state, qk_l2norm, policy):
@@ -265,14 +277,20 @@ def _recurrent(q, k, v, g, beta, scale, initial_state, qk_l2norm, policy):
 def _run(op, q, k, v, g, beta, scale, initial_state, qk_l2norm, policy, chunk_size=None):
     if op == "recurrent":
         return _recurrent(q, k, v, g, beta, scale, initial_state, qk_l2norm, policy)
-    st = staged(op, q, k, v, g, beta, scale, initial_state, qk_l2norm, policy=policy, chunk_size=chunk_size)
+    # the mma path reads the initial state where it lies and writes the final state to a new
+    # tensor (no copy of the state first); the scalar paths update a copy in place
+    st = staged(op, q, k, v, g, beta, scale, initial_state, qk_l2norm, policy=policy, chunk_size=chunk_size,
+                copy=False)
     s, C, acc64, tensors, state, out, path = (st.s, st.chunk, st.acc64, st.tensors, st.state,
                                               st.out, st.path)
     # the mma path writes o in the output dtype itself (round to nearest even, as .to() does)
     odt = out if path == "mma" and out in MMA_OUT else torch.float32
     o = torch.empty(s.B, s.T, s.HV, s.V, dtype=odt, device=tensors[0].device)
-    if s.T > 0:
-        launch(op, s, C, acc64, tensors, state, o, path=path, qk_l2norm=st.qk_l2norm)
+    if s.T > 0 and s.B > 0:
+        launch(op, s, C, acc64, tensors, state, o, path=path, qk_l2norm=st.qk_l2norm, h0=st.h0,
+               zero_state=st.zero_state)
+    elif path == "mma":
+        state = empty_result(st.h0, state)
     return o.to(out), state
 
 
@@ -283,8 +301,9 @@ def launch(op, s, C, acc64, tensors, state, o, path="scalar", qk_l2norm=False, h
 
     The recurrence (``op`` "recurrent", CPU and CUDA builds) reads q, k, v (one dtype), g and beta
     in any of float32, bf16, fp16 and writes ``o`` in any of them; it applies ``qk_l2norm``
-    itself; with ``h0`` (float32 [B, HV, K, V], not ``state``) it starts from h0 and only writes
-    ``state``, with ``zero_state`` from zeros.
+    itself. It and the CUDA mma path take ``h0`` (float32 [B, HV, K, V], or one state per
+    sequence of a packed batch; not ``state``): they start from h0 and only write ``state``; with
+    ``zero_state`` from zeros (neither is read); else ``state`` is read and written in place.
 
     ``path`` ("scalar" or "mma") picks the CUDA chunked kernels; CPU tensors and the recurrence
     always run the scalar code. ``o`` is float32, except on the mma path, which also writes bf16
@@ -319,6 +338,7 @@ def launch(op, s, C, acc64, tensors, state, o, path="scalar", qk_l2norm=False, h
         rc = getattr(lib, f"gdn_recurrent_{kind}")(ctypes.byref(a))
     else:
         if kind == "cuda" and path == "mma":
+            _initial_state_args(a, state, h0, zero_state)
             return _launch_mma(lib, a, s, C, acc64, tensors, o, qk_l2norm, cu_seqlens)
         if cu_seqlens is not None:
             raise KernelArgumentError("cu_seqlens: only the CUDA mma path runs a packed batch in one launch",
@@ -383,31 +403,46 @@ def _packed_mma(q, k, v, g, beta, scale, initial_state, qk_l2norm, chunk_size, c
     C, acc64 = resolve_chunk(chunk_size, p), int(p.accum_dtype == "fp64")
     if cuda_path(s, C, acc64, torch_dtype(p.input_dtype) if p.input_dtype else q.dtype, p.cuda_path) != "mma":
         return None
-    st = staged("chunked", q, k, v, g, beta, scale, None, qk_l2norm, policy=p, chunk_size=chunk_size)
+    st = staged("chunked", q, k, v, g, beta, scale, None, qk_l2norm, policy=p, chunk_size=chunk_size,
+                copy=False)
     # the pass of the (first) launch: HV times its sequences
     note_path(lambda: f"mma/{mma_pass(min(n, PACKED_LAUNCH), s.HV, s.V, st.tensors[0].dtype, _sm_count(q.device))}")
-    state = (torch.zeros(n, s.HV, s.K, s.V, dtype=torch.float32, device=q.device) if initial_state is None
-             else initial_state.to(torch.float32).clone().contiguous())
+    # one state per sequence, read where it lies; the final states to a new tensor
+    h0 = state_source(initial_state)
+    state = torch.empty(n, s.HV, s.K, s.V, dtype=torch.float32, device=q.device)
     odt = st.out if st.out in MMA_OUT else torch.float32
     o = torch.empty(1, s.T, s.HV, s.V, dtype=odt, device=q.device)
     if s.T > 0:
-        launch("chunked", s, C, acc64, st.tensors, state, o, path="mma", qk_l2norm=st.qk_l2norm, cu_seqlens=offs)
+        launch("chunked", s, C, acc64, st.tensors, state, o, path="mma", qk_l2norm=st.qk_l2norm, cu_seqlens=offs,
+               h0=h0, zero_state=h0 is None)
+    else:
+        state = empty_result(h0, state)
     return o.to(st.out), state
+
+
+def _initial_state_args(a, state, h0, zero_state):
+    """Fill GdnArgs ``a``'s initial state: h0 (checked; the buffer of ``state`` itself: in place),
+    or zeros (``zero_state``), or ``state`` read in place."""
+    if h0 is not None:
+        if h0.dtype != torch.float32 or not h0.is_contiguous() or h0.shape != state.shape:
+            raise KernelArgumentError(f"h0: expected a contiguous float32 tensor of shape {tuple(state.shape)}, got "
+                                      f"{h0.dtype} {tuple(h0.shape)}", key="initial_state")
+        if h0.device != state.device:
+            raise KernelArgumentError(f"h0: expected a tensor on {state.device}, got {h0.device}",
+                                      key="initial_state")
+        if h0.data_ptr() == state.data_ptr():
+            h0 = None  # the same buffer: the state is read and written in place
+    a.h0 = h0.data_ptr() if h0 is not None else None
+    a.zero_state = int(bool(zero_state))
 
 
 def _recurrence_args(a, tensors, o, state, h0, zero_state, qk_l2norm):
     """Fill the recurrence's dtype codes, initial state and norm flag of GdnArgs ``a``."""
     check_direct("ext", tensors, o)
     q, _, _, g, beta = tensors
-    if h0 is not None:
-        if h0.dtype != torch.float32 or not h0.is_contiguous() or h0.shape != state.shape:
-            raise KernelArgumentError(f"h0: expected a contiguous float32 tensor of shape {tuple(state.shape)}, got "
-                                      f"{h0.dtype} {tuple(h0.shape)}", key="initial_state")
-        if h0.data_ptr() == state.data_ptr():
-            h0 = None  # the same buffer: the state is read and written in place
+    _initial_state_args(a, state, h0, zero_state)
     a.in_dtype, a.g_dtype, a.beta_dtype, a.o_dtype = (DIRECT[x.dtype] for x in (q, g, beta, o))
-    a.h0 = h0.data_ptr() if h0 is not None else None
-    a.zero_state, a.qk_l2norm = int(bool(zero_state)), int(bool(qk_l2norm))
+    a.qk_l2norm = int(bool(qk_l2norm))
 
 
 @backend_op

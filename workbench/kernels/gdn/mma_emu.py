@@ -33,7 +33,7 @@ from workbench.kernels import _abi, _native
 from workbench.kernels._abi import GdnArgs
 from workbench.kernels.gdn import ext
 from workbench.kernels.gdn._emu import bind_failure, explained, require_cpu
-from workbench.kernels.gdn._launch import stage
+from workbench.kernels.gdn._launch import empty_result, stage, state_source
 from workbench.kernels.gdn._varlen import check_packed
 from workbench.numerics.policy import Policy
 
@@ -89,22 +89,23 @@ def chunked(q, k, v, g, beta, *, scale=None, initial_state=None, qk_l2norm=False
     offs = None
     if cu_seqlens is not None:
         offs = check_packed(q, k, v, cu_seqlens, initial_state)
-    s, _, C, tensors, state, out = stage("ext", q, k, v, g, beta, scale,
-                                         None if offs is not None else initial_state, False,
-                                         Policy(), None, widen=False)
-    if offs is not None:
-        n = len(offs) - 1
-        state = (torch.zeros(n, s.HV, s.K, s.V, dtype=torch.float32) if initial_state is None
-                 else initial_state.to(torch.float32).clone().contiguous())
+    s, _, C, tensors, _, out = stage("ext", q, k, v, g, beta, scale,
+                                     None if offs is not None else initial_state, False,
+                                     Policy(), None, widen=False, state=False)
+    # as the public call on the GPU: the initial state read where it lies (h0; None: zeros), the
+    # final state written to a new tensor
+    h0 = state_source(initial_state)
+    n = s.B if offs is None else len(offs) - 1
+    state = torch.full((n, s.HV, s.K, s.V), float("nan"), dtype=torch.float32)
     out = output_dtype or out
     if out not in ext.MMA_OUT:
         raise KernelArgumentError(f"output_dtype: the mma path writes {list(ext.MMA_OUT)}, got {out}",
                                   key="output_dtype")
     o = torch.full((s.B, s.T, s.HV, s.V), float("nan"), dtype=out)
     if s.T == 0:
-        return o, state
+        return o, empty_result(h0, state)
     lib = library(lib)
     with explained(lib):
         ext.launch("chunked", s, C, 0, tensors, state, o, path="mma", qk_l2norm=bool(qk_l2norm),
-                   cu_seqlens=offs, lib=lib)
+                   cu_seqlens=offs, lib=lib, h0=h0, zero_state=h0 is None)
     return o, state
