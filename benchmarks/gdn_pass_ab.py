@@ -8,9 +8,12 @@ auto matched bit for bit).
 
     python benchmarks/gdn_pass_ab.py --out benchmarks/results/gdn-pass-ab-h200-YYYY-MM-DD.json
 
-Any other variable the launcher reads at each call can be A/B'd the same way, e.g. prepare's two
-schedules (``--env WORKBENCH_GDN_MMA_PREPARE --variants overlap lean``): each row then says
-whether the variants' o and final state are bit for bit those of the first variant.
+Any other variable the launcher reads at each call can be A/B'd the same way, e.g. who issues the
+passes' copies (``--env WORKBENCH_GDN_MMA_COPY --variants warps producer two``), prepare's grid
+(``--env WORKBENCH_GDN_MMA_PREPARE --variants value-head key-head``) or its substitution
+(``--env WORKBENCH_GDN_MMA_SOLVE --variants full short``; a value the launcher does not know is
+its default): each row then says whether the variants' o and final state are bit for bit those
+of the first variant.
 """
 
 from __future__ import annotations
