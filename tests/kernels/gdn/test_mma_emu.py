@@ -28,6 +28,18 @@ def run(x, mma_pass, monkeypatch, **kw):
     return mma_emu.chunked(**x, qk_l2norm=True, **kw)
 
 
+def same_bits_with(x, env, value, monkeypatch, mma_pass="smem"):
+    """o and the final state (float32 o) of the kernels as they are and with ``env=value``: both
+    finite and bit for bit the same. Returns the first."""
+    want = run(x, mma_pass, monkeypatch, output_dtype=torch.float32)
+    monkeypatch.setenv(env, value)
+    got = run(x, mma_pass, monkeypatch, output_dtype=torch.float32)
+    monkeypatch.delenv(env)
+    assert torch.isfinite(want[0]).all() and torch.isfinite(want[1]).all()
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), (env, value)
+    return want
+
+
 @pytest.mark.parametrize("mma_pass", PASSES)
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"B{c[0]}T{c[1]}K{c[4]}V{c[5]}")
 def test_emulated_pass_against_oracle(case, mma_pass, monkeypatch):
@@ -59,11 +71,7 @@ def test_emulated_prepare_per_key_head_is_per_value_head_bit_for_bit(packed, mon
         x = packed_inputs([0, 70, 1, 64], H=2, HV=6, K=64, V=32, dtype=torch.bfloat16, seed=41)
     else:
         x = make_inputs(2, 70, 2, 6, 64, 32, dtype=torch.bfloat16, state=True, seed=41)
-    shared = run(x, "smem", monkeypatch, output_dtype=torch.float32)
-    monkeypatch.setenv("WORKBENCH_GDN_MMA_PREPARE", "value-head")
-    alone = run(x, "smem", monkeypatch, output_dtype=torch.float32)
-    assert torch.isfinite(shared[0]).all() and torch.isfinite(shared[1]).all()
-    assert torch.equal(shared[0], alone[0]) and torch.equal(shared[1], alone[1])
+    shared = same_bits_with(x, "WORKBENCH_GDN_MMA_PREPARE", "value-head", monkeypatch)
     # and the value heads differ (their decays and betas do): the test is not of one head repeated
     assert not torch.equal(shared[1][:, 0], shared[1][:, 1])
 
@@ -123,11 +131,7 @@ def test_emulated_substitution_shortcut_is_the_full_one(packed, monkeypatch):
         x = packed_inputs([0, 1, 70, 17, 64], H=1, HV=2, K=64, V=32, dtype=torch.bfloat16, seed=47)
     else:
         x = make_inputs(2, 130, 1, 2, 128, 32, dtype=torch.bfloat16, state=True, seed=47)
-    short = run(x, "smem", monkeypatch, output_dtype=torch.float32)
-    monkeypatch.setenv("WORKBENCH_GDN_MMA_SOLVE", "full")
-    full = run(x, "smem", monkeypatch, output_dtype=torch.float32)
-    assert torch.isfinite(short[0]).all() and torch.isfinite(short[1]).all()
-    assert torch.equal(short[0], full[0]) and torch.equal(short[1], full[1])
+    same_bits_with(x, "WORKBENCH_GDN_MMA_SOLVE", "full", monkeypatch)
 
 
 @pytest.mark.parametrize("mma_pass,packed", [("smem", False), ("smem", True), ("smem16", True),

@@ -46,10 +46,7 @@ def stage(backend, q, k, v, g, beta, scale, initial_state, qk_l2norm, policy, ch
     if qk_l2norm:
         q, k = l2norm(q).contiguous(), l2norm(k).contiguous()
     g = g.to(torch.float32).contiguous()
-    if state:
-        state = state_copy(s, initial_state, q.device)
-    else:
-        state = None
+    state = state_copy(s, initial_state, q.device) if state else None
     return s, p, C, (q, k, v, g, beta), state, out
 
 
