@@ -623,40 +623,28 @@ mma_l2_norms(const QT* __restrict__ q, const QT* __restrict__ k, float* __restri
 
 // ------------------------------------------------------------------------------------ prepare
 
-// One warp, 8 NT columns c0.. of R (row stride LDR; the tf32 right-hand sides, replaced in place
-// by the solution): (I + A) Y = R by blocked forward substitution over the four 16-row blocks,
+// One warp, 32 columns of R (row stride LDR; the tf32 right-hand sides, replaced in place by the
+// solution): (I + A) Y = R by blocked forward substitution over the four 16-row blocks,
 //   T = R_I - sum_{J<I} A_IJ Y_J (tf32 operands, float32 sums), Y_I = (I + A_II)^-1 T,
 // with A's blocks below the diagonal blocks and the inverse diagonal blocks Xd (row stride kPS)
 // already rounded to tf32. Y (rounded to tf32) goes to out (row stride ldo), every row.
-// The right-hand sides are columns c0.. of the identity (c0 a multiple of 8 NT, and of 16),
-// formed here (R's rows are only written, each before it is read as Y). Each column's products,
-// operands and order are its own, whatever columns a warp takes with it. mode (Solve; MODE when
-// known at compile time, depth only so):
-//   full: every block formed by products;
-//   first: the blocks above row block I0 = c0 / 16 are zero and Y_I0 is [X_I0 | 0] (its T is the
-//     identity's [I | 0]: the product with it gives X_I0's own tf32 values, the zero columns +0),
-//     so they are written as such rather than formed: the same bits, one stage fewer;
-//   depth: as first, and the products of the later blocks start at row block I0 (the rows of Y
-//     above it are zero: their products add nothing but signed zeros to a float32 sum started
-//     at +0).
-// Prepare's split (kSolveSplit) gives warp 0 columns 0-15 and warp 1 columns 16-63, 16 at a time,
-// each in depth mode, instead of 32 columns each in first mode: warp 0's chain, the longest, is
-// half as wide.
-enum Solve { kSolveFull = 0, kSolveFirst = 1, kSolveDepth = 2, kSolveSplit = 3 };
-template <int LDR, int NT, int MODE = -1>
+// The right-hand sides are columns c0.. of the identity (c0 a multiple of 32), formed here (R's
+// rows are only written, each before it is read as Y). skip: the blocks above row block
+// I0 = c0 / 16 are zero and Y_I0 is [X_I0 | 0] (its T is the identity's [I | 0]: the product
+// with it gives X_I0's own tf32 values, the zero columns +0), so they are written as such rather
+// than formed by a product each: the same bits, one stage of four fewer on warp 0's chain (the
+// longest); WORKBENCH_GDN_MMA_SOLVE=full forms every block (A/Bs).
+template <int LDR>
 __device__ __forceinline__ void solve_block_columns(const float* As, const float* Xd, float* R,
                                                     float* out, long ldo, int lane, int c0,
-                                                    int mode) {
-  static_assert(NT == 2 || NT == 4, "16 or 32 columns");
-  if constexpr (MODE >= 0) mode = MODE;  // known at compile time
+                                                    bool skip) {
   const int gq = lane >> 2, tq = lane & 3;
-  const int I0 = mode != kSolveFull ? c0 / 16 : -1;
-  const int k0 = MODE == kSolveDepth ? 16 * I0 : 0;  // the products' first row of Y
+  const int I0 = skip ? c0 / 16 : -1;
 #pragma unroll
   for (int I = 0; I < 4; ++I) {
     if (I <= I0) {  // zero above I0; [X_I0 | 0] at I0
 #pragma unroll
-      for (int nt = 0; nt < NT; ++nt)
+      for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
         for (int hf = 0; hf < 2; ++hf) {
           const int i = 16 * I + gq + 8 * hf, c = nt * 8 + 2 * tq;
@@ -669,13 +657,11 @@ __device__ __forceinline__ void solve_block_columns(const float* As, const float
       __syncwarp();
       continue;
     }
-    float acc[1][NT][4];
+    float acc[1][4][4];
     zero(acc);
-    if (I > 0)
-      gemm_to<1, NT, kPS, 1, LDR, 1>(acc, As + 16 * I * kPS + k0, R + k0 * LDR, 16 * I - k0,
-                                     lane);
+    if (I > 0) gemm_to<1, 4, kPS, 1, LDR, 1>(acc, As + 16 * I * kPS, R, 16 * I, lane);
 #pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
+    for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf) {
         const int i = 16 * I + gq + 8 * hf, c = c0 + nt * 8 + 2 * tq;
@@ -684,12 +670,12 @@ __device__ __forceinline__ void solve_block_columns(const float* As, const float
         *p = make_float2(rtf32(r.x - acc[0][nt][2 * hf]), rtf32(r.y - acc[0][nt][2 * hf + 1]));
       }
     __syncwarp();
-    float y[1][NT][4];
+    float y[1][4][4];
     zero(y);
-    gemm<1, NT, 16, kPS, 1, LDR, 1>(y, Xd + 16 * I * kPS + 16 * I, R + 16 * I * LDR, lane);
+    gemm<1, 4, 16, kPS, 1, LDR, 1>(y, Xd + 16 * I * kPS + 16 * I, R + 16 * I * LDR, lane);
     __syncwarp();  // every lane has read T before it is overwritten
 #pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
+    for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf) {
         const int i = 16 * I + gq + 8 * hf, c = nt * 8 + 2 * tq;
@@ -722,16 +708,14 @@ struct PrepSmem {
 // registers (they do not depend on hv: the value heads of a key head share them bit for bit);
 // then for each hv: A = K K^T decayed, scaled by beta and the L2-norm factors; the 16 x 16
 // diagonal blocks of (I + A)^-1 in float32 (warps 0-1, gdn_mma.h); the identity's columns by
-// blocked forward substitution (warps 0-1, 32 columns each, or 16 and 48: Solve) while warps 2-7
-// form P from their Q K^T; then PT by mma (every warp, one 16 x 32 tile).
-// SPLIT: the substitution's columns split 16 / 48 (kSolveSplit; a template argument, so that each
-// build keeps one substitution's registers: both in one kernel spill).
-template <int K, typename QT, bool SPLIT>
+// blocked forward substitution (warps 0-1, 32 columns each) while warps 2-7 form P from their
+// Q K^T; then PT by mma (every warp, one 16 x 32 tile).
+template <int K, typename QT>
 __global__ void __launch_bounds__(kThreads, 2)
 mma_prepare(const QT* __restrict__ q, const QT* __restrict__ k, const float* __restrict__ g,
             const float* __restrict__ beta, const float* __restrict__ nq,
             const float* __restrict__ nk, float* __restrict__ tinv, int T, int H, int HV, int NC,
-            int hvs, int solve, const Packed pk) {
+            int hvs, int skip, const Packed pk) {
   using S = PrepSmem<K, QT>;
   constexpr int SK = S::SK;
   WB_CLK_INIT(0);
@@ -840,20 +824,11 @@ mma_prepare(const QT* __restrict__ q, const QT* __restrict__ k, const float* __r
       gdn::inverse_diag16_column(As, kPS, o, j, x);
 #pragma unroll
       for (int i = 0; i < 16; ++i) Xs[(o + i) * kPS + o + j] = rtf32(x[i]);
-      // (I + A)^-1 by columns (32 a warp, or 16 and 48): warp 0 formed diagonal blocks 0-1 and
-      // warp 1 blocks 2-3, and each warp's substitution reads all four, so the two warps meet
-      // first (named barrier)
+      // (I + A)^-1, 32 columns per warp: warp 0 formed diagonal blocks 0-1 and warp 1 blocks
+      // 2-3, and each warp's substitution reads all four, so the two warps meet first (named
+      // barrier)
       named_sync<1, 64>();
-      if constexpr (!SPLIT) {
-        solve_block_columns<kTS, 4>(As, Xs, Ts + 32 * w, out + 32 * w, kC, lane, 32 * w, solve);
-      } else if (w == 0) {  // split: columns 0-15 (three stages), the longest chain alone
-        solve_block_columns<kTS, 2, kSolveDepth>(As, Xs, Ts, out, kC, lane, 0, kSolveDepth);
-      } else {  // and 16-63 (two stages, one, none)
-#pragma unroll 1
-        for (int c = 16; c < kC; c += 16)
-          solve_block_columns<kTS, 2, kSolveDepth>(As, Xs, Ts + c, out + c, kC, lane, c,
-                                                   kSolveDepth);
-      }
+      solve_block_columns<kTS>(As, Xs, Ts + 32 * w, out + 32 * w, kC, lane, 32 * w, skip);
     } else {  // warps 2-7: P, one 16 x 32 tile each of the six on or below the diagonal
 #pragma unroll
       for (int nt = 0; nt < 4; ++nt)
@@ -937,11 +912,10 @@ constexpr bool pass_lean = BV == 16 && !is_f32<QT>;
 // then the chunk's queries (one buffer: the next chunk's are copied once this one's are used),
 // the rounded state and the block's intermediates. Offsets in floats; keys(n) .. vals(n): where
 // chunk n's inputs lie. SR: the row stride of the C x BV tiles R and U (4 mod 16: B operands).
-template <int K, typename QT, int BV, bool LEAN = pass_lean<K, QT, BV>>
+template <int K, typename QT, int BV>
 struct PassSmem {
   using P = PassStage<K, QT, BV>;
-  static_assert(!LEAN || pass_lean<K, QT, BV>, "lean staging: 16 columns, 16-bit inputs");
-  static constexpr bool lean = LEAN;
+  static constexpr bool lean = pass_lean<K, QT, BV>;
   static constexpr int SQ = is_f32<QT> ? K + 4 : K + 8, SST = is_f32<QT> ? K + 4 : K + 8,
                        SUT = kC + 8, SR = BV + 4;
   static constexpr int KS = kC * P::SKK * (int)sizeof(QT) / 4, FS = kFacRows * kC,
@@ -985,14 +959,14 @@ struct PassSmem {
 // chunk's inputs are copied (cp.async) while this one computes (lean staging: its keys and
 // factors from the first barrier on, V from the second, Tinv and PT from the third, the latter
 // waited for at the next chunk's second barrier; two blocks an SM).
-template <int K, typename QT, int BV, bool LEAN>
-__global__ void __launch_bounds__(kThreads + 64, LEAN ? 2 : 1)
+template <int K, typename QT, int BV>
+__global__ void __launch_bounds__(kThreads + 64, pass_lean<K, QT, BV> ? 2 : 1)
 mma_pass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restrict__ v,
          const float* __restrict__ tinv, const float* h0, float* state, void* __restrict__ o,
          int T, int H, int HV, int V, float scale, int odt, int NC, const Packed pk) {
   static_assert(pass_bv_ok<BV>, "32 or 16 value columns a block");
   using P = PassStage<K, QT, BV>;
-  using M = PassSmem<K, QT, BV, LEAN>;
+  using M = PassSmem<K, QT, BV>;
   constexpr bool kHalf = BV == 16;  // K S / Tinv R and Q S / PT R on separate warps
   constexpr int SKK = P::SKK, SQ = M::SQ, SST = M::SST, SUT = M::SUT, SR = M::SR;
   constexpr int NT3 = (K == 128 ? BV : BV / 2) / 8;  // the update's n-tiles a warp
@@ -1868,37 +1842,24 @@ cudaError_t launch_ppass(const GdnArgs* a, const float* h0, float* state, int se
   }
 }
 
-template <int K, typename QT, int BV, bool LEAN>
-cudaError_t launch_pass_s(const GdnArgs* a, const float* h0, float* state, int seqs, int NC,
-                          const Packed& pk, cudaStream_t s) {
-  constexpr size_t bytes = sizeof(float) * PassSmem<K, QT, BV, LEAN>::floats;
-  static_assert(bytes <= 227 * 1024, "the shared-memory pass's shared memory");
-  // lean staging: two blocks an SM (228 KiB an SM, 1 KiB of it reserved a block)
-  static_assert(!LEAN || 2 * (bytes + 1024) <= 228 * 1024, "two blocks an SM");
-  cudaError_t err = allow_smem(mma_pass<K, QT, BV, LEAN>, bytes);
-  if (err != cudaSuccess) return err;
-  if constexpr (LEAN)  // all of the SM's on-chip memory as shared memory: 2 blocks
-    err = cudaFuncSetAttribute(mma_pass<K, QT, BV, LEAN>,
-                               cudaFuncAttributePreferredSharedMemoryCarveout,
-                               (int)cudaSharedmemCarveoutMaxShared);
-  if (err != cudaSuccess) return err;
-  const dim3 grid(seqs * a->HV, a->V / BV);
-  WB_LAUNCH(grid, kThreads + 32 * copy_producers(), bytes, s, mma_pass<K, QT, BV, LEAN>)(
-      static_cast<const QT*>(a->q), static_cast<const QT*>(a->k), static_cast<const QT*>(a->v),
-      a->tinv, h0, state, a->o, a->T, a->H, a->HV, a->V, a->scale, a->o_dtype, NC, pk);
-  return cudaSuccess;
-}
-// WORKBENCH_GDN_MMA_STAGE=full: the 16-column blocks with 16-bit inputs stage in full (two
-// buffers of everything, one block an SM) instead of leanly (A/Bs)
 template <int K, typename QT, int BV>
 cudaError_t launch_pass(const GdnArgs* a, const float* h0, float* state, int seqs, int NC,
                         const Packed& pk, cudaStream_t s) {
-  if constexpr (pass_lean<K, QT, BV>) {
-    const char* e = getenv("WORKBENCH_GDN_MMA_STAGE");
-    if (e && !strcmp(e, "full"))
-      return launch_pass_s<K, QT, BV, false>(a, h0, state, seqs, NC, pk, s);
-  }
-  return launch_pass_s<K, QT, BV, pass_lean<K, QT, BV>>(a, h0, state, seqs, NC, pk, s);
+  constexpr size_t bytes = sizeof(float) * PassSmem<K, QT, BV>::floats;
+  static_assert(bytes <= 227 * 1024, "the shared-memory pass's shared memory");
+  // lean staging: two blocks an SM (228 KiB an SM, 1 KiB of it reserved a block)
+  static_assert(!pass_lean<K, QT, BV> || 2 * (bytes + 1024) <= 228 * 1024, "two blocks an SM");
+  cudaError_t err = allow_smem(mma_pass<K, QT, BV>, bytes);
+  if (err != cudaSuccess) return err;
+  if constexpr (pass_lean<K, QT, BV>)  // all of the SM's on-chip memory as shared memory: 2 blocks
+    err = cudaFuncSetAttribute(mma_pass<K, QT, BV>, cudaFuncAttributePreferredSharedMemoryCarveout,
+                               (int)cudaSharedmemCarveoutMaxShared);
+  if (err != cudaSuccess) return err;
+  const dim3 grid(seqs * a->HV, a->V / BV);
+  WB_LAUNCH(grid, kThreads + 32 * copy_producers(), bytes, s, mma_pass<K, QT, BV>)(
+      static_cast<const QT*>(a->q), static_cast<const QT*>(a->k), static_cast<const QT*>(a->v),
+      a->tinv, h0, state, a->o, a->T, a->H, a->HV, a->V, a->scale, a->o_dtype, NC, pk);
+  return cudaSuccess;
 }
 
 // prepare and the pass over seqs sequences of NC chunks at most: a plain batch (pk.n = 0, seqs =
@@ -1913,33 +1874,20 @@ cudaError_t launch_chunks(const GdnArgs* a, const float* h0, float* state, int s
   const size_t s1 = sizeof(float) * PrepSmem<K, QT>::floats;
   const int HV = a->HV, V = a->V;
   cudaError_t err;
+  if ((err = allow_smem(mma_prepare<K, QT>, s1)) != cudaSuccess) return err;
   // prepare: a block per chunk and key head, for its HV / H value heads (packed: the launch's
   // NC = pk.nc chunks, all sequences)
   // (WORKBENCH_GDN_MMA_PREPARE=value-head: a block per value head, for the A/B)
   const int chunks = pk.n ? NC : seqs * NC;
   const char* pe = getenv("WORKBENCH_GDN_MMA_PREPARE");
   const int hvs = pe && !strcmp(pe, "value-head") ? 1 : HV / a->H;
-  // prepare's substitution (Solve): WORKBENCH_GDN_MMA_SOLVE=full forms every block, =first
-  // writes each warp's first blocks, =split splits the columns 16 / 48 (A/Bs)
-  const char* se = getenv("WORKBENCH_GDN_MMA_SOLVE");
-  const int solve = !se                    ? kSolveFirst
-                    : !strcmp(se, "full")  ? kSolveFull
-                    : !strcmp(se, "split") ? kSolveSplit
-                                           : kSolveFirst;
-  auto prepare = [&](auto split) -> cudaError_t {
-    constexpr bool SPLIT = decltype(split)::value;
-    cudaError_t e = allow_smem(mma_prepare<K, QT, SPLIT>, s1);
-    if (e != cudaSuccess) return e;
-    WB_LAUNCH(chunks * (HV / hvs), kThreads, s1, s, mma_prepare<K, QT, SPLIT>)(
-        q, k, a->g, a->beta, a->nq, a->nk, a->tinv, a->T, a->H, HV, NC, hvs, solve, pk);
-    return cudaSuccess;
-  };
+  const char* se = getenv("WORKBENCH_GDN_MMA_SOLVE");  // full: every block of the substitution
+  const int skip = !(se && !strcmp(se, "full"));
   // a launch of only empty sequences has no chunk to prepare; its pass still copies h0 (or zeros)
   // into their final states
-  if (chunks > 0) {
-    err = solve == kSolveSplit ? prepare(std::true_type{}) : prepare(std::false_type{});
-    if (err != cudaSuccess) return err;
-  }
+  if (chunks > 0)
+    WB_LAUNCH(chunks * (HV / hvs), kThreads, s1, s, mma_prepare<K, QT>)(
+        q, k, a->g, a->beta, a->nq, a->nk, a->tinv, a->T, a->H, HV, NC, hvs, skip, pk);
   const int nw = pass_plan(seqs * HV, V, is_f32<QT>, sm_count());
   if (nw == 0) return launch_pass<K, QT, 32>(a, h0, state, seqs, NC, pk, s);
   if (nw == 1) return launch_pass<K, QT, 16>(a, h0, state, seqs, NC, pk, s);

@@ -121,35 +121,17 @@ def test_emulated_packed_launch_of_only_empty_sequences_copies_their_states(monk
     assert torch.equal(z[:128], torch.zeros_like(z[:128])) and torch.isfinite(z).all()
 
 
-@pytest.mark.parametrize("solve", ["full", "split"])
 @pytest.mark.parametrize("packed", [False, True], ids=["batch", "packed"])
-def test_emulated_substitution_shortcut_is_the_full_one(packed, solve, monkeypatch):
+def test_emulated_substitution_shortcut_is_the_full_one(packed, monkeypatch):
     """Prepare's substitution writes the zero blocks above each warp's first identity block and
     that block's [X | 0] instead of forming them by products (the default): Tinv, PT and so o and
-    the state are the bits of forming every block (WORKBENCH_GDN_MMA_SOLVE=full), and of the
-    split (warp 0 columns 0-15, warp 1 16-63, the products from each block's first nonzero row:
-    =split), also for chunks shorter than a 16-row block."""
+    the state are the bits of forming every block (WORKBENCH_GDN_MMA_SOLVE=full), also for chunks
+    shorter than a 16-row block."""
     if packed:
         x = packed_inputs([0, 1, 70, 17, 64], H=1, HV=2, K=64, V=32, dtype=torch.bfloat16, seed=47)
     else:
         x = make_inputs(2, 130, 1, 2, 128, 32, dtype=torch.bfloat16, state=True, seed=47)
-    same_bits_with(x, "WORKBENCH_GDN_MMA_SOLVE", solve, monkeypatch)
-
-
-@pytest.mark.parametrize("packed", [False, True], ids=["batch", "packed"])
-def test_emulated_smem16_full_staging_is_the_lean_one(packed, monkeypatch):
-    """smem16 with 16-bit inputs stages leanly (one buffer of Tinv, PT and V, refilled after their
-    last use); WORKBENCH_GDN_MMA_STAGE=full gives it two buffers of everything: o and the state
-    bit for bit, also with warps drifting apart and copies landing late."""
-    if packed:
-        x = packed_inputs([0, 70, 1, 130, 64], H=1, HV=2, K=64, V=32, dtype=torch.bfloat16, seed=61)
-    else:
-        x = make_inputs(2, 150, 1, 2, 128, 32, dtype=torch.bfloat16, state=True, seed=61)
-    want = same_bits_with(x, "WORKBENCH_GDN_MMA_STAGE", "full", monkeypatch, mma_pass="smem16")
-    monkeypatch.setenv("WB_EMU_SCHED", "skew")
-    monkeypatch.setenv("WORKBENCH_GDN_MMA_STAGE", "full")
-    got = run(x, "smem16", monkeypatch, output_dtype=torch.float32)
-    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    same_bits_with(x, "WORKBENCH_GDN_MMA_SOLVE", "full", monkeypatch)
 
 
 @pytest.mark.parametrize("mma_pass,packed", [("smem", False), ("smem", True), ("smem16", True),
