@@ -1,0 +1,182 @@
+"""Accuracy against FP64 of two forms of the GDN chunk recurrence with the mma path's roundings,
+modelled in torch on the CPU, before either is built as a kernel.
+
+    python benchmarks/gdn_wu_form_accuracy.py --out benchmarks/results/gdn-wu-form-accuracy-YYYY-MM-DD.json
+
+Both forms round what a tensor-core kernel feeds its tf32 products (round to nearest, ties away,
+10-bit mantissa, as cvt.rna) and keep sums, decays and the state in float32:
+
+- ``tinv`` (today's kernels): per chunk R = beta (V - exp(gc) K S), U = Tinv R,
+  o = scale (exp(gc) Q S + PT R), S <- exp(gc_last) S + K^T (exp(gc_last - gc) U); Tinv, P, PT,
+  R, the state as an operand and the decayed U rounded to tf32.
+- ``wu``: Tinv taken out of the loop: W = Tinv (beta exp(gc) K) and u = Tinv (beta V) formed once
+  a chunk, U = u - W S, o = scale (exp(gc) Q S + P U); W, P, beta V, U as an operand, the state
+  as an operand and the decayed U rounded to tf32, u kept in float32.
+- ``wu-bf16``: the same with W, u and U stored in bf16 (what fla keeps), for scale.
+
+The model is checked against the CPU emulation of the real kernels (``mma_emu``) on a smaller
+problem: ``tinv``'s distance to the emulation is reported next to its distance to FP64, and must
+be far smaller for the comparison of the forms to mean anything. Matrix products here are CPU
+float32 BLAS sums (their order is the CPU's), so the figures are for the roundings, which
+dominate; they are not the kernels' bits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import platform
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import workbench  # noqa: E402
+from workbench.kernels.gdn import oracle  # noqa: E402
+from workbench.kernels.gdn._cases import make_inputs  # noqa: E402
+
+C = 64
+FORMS = ("tinv", "wu", "wu-bf16")
+
+
+def rt(x: torch.Tensor) -> torch.Tensor:
+    """float32 to nearest tf32, ties away from zero (cvt.rna.tf32.f32), as float32."""
+    b = x.float().contiguous().view(torch.int32)
+    return ((b + 0x1000) & ~0x1FFF).view(torch.float32)
+
+
+def bf(x: torch.Tensor) -> torch.Tensor:
+    return x.to(torch.bfloat16).float()
+
+
+def chunk_mats(k, q, g, beta):
+    """One chunk of one head (float32 [L, K] keys / queries, [L] gates and beta): gc, Tinv (tf32,
+    lower, unit diagonal) and P (tf32, lower with the diagonal), as prepare forms them."""
+    L = k.shape[0]
+    gc = torch.cumsum(g, 0)
+    dec = torch.exp(gc[:, None] - gc[None, :])
+    low = torch.tril(torch.ones(L, L, dtype=torch.bool), -1)
+    a = torch.where(low, beta[:, None] * (k @ k.T) * dec, torch.zeros((), dtype=torch.float32))
+    eye = torch.eye(L, dtype=torch.float32)
+    tinv = rt(torch.linalg.solve_triangular(eye + a, eye, upper=False, unitriangular=True))
+    p = rt(torch.where(low | torch.eye(L, dtype=torch.bool), (q @ k.T) * dec,
+                       torch.zeros((), dtype=torch.float32)))
+    return gc, tinv, p
+
+
+def run_form(form, q, k, v, g, beta, s0, scale):
+    """One head: q, k [T, K], v [T, V], g, beta [T] (float32), s0 [K, V]; returns o, S."""
+    T = q.shape[0]
+    S = s0.clone()
+    o = torch.empty(T, v.shape[1], dtype=torch.float32)
+    for t0 in range(0, T, C):
+        sl = slice(t0, min(t0 + C, T))
+        kc, qc, vc, bc = k[sl], q[sl], v[sl], beta[sl]
+        gc, tinv, p = chunk_mats(kc, qc, g[sl], bc)
+        eg, gl = torch.exp(gc)[:, None], gc[-1]
+        sr = rt(S)
+        if form == "tinv":
+            pt = rt(p @ tinv)
+            r = rt(bc[:, None] * (vc - eg * (kc @ sr)))
+            u = tinv @ r
+            o[sl] = scale * (eg * (qc @ sr) + pt @ r)
+        else:
+            w = rt(tinv @ rt(bc[:, None] * eg * kc))
+            uu = tinv @ rt(bc[:, None] * vc)
+            if form == "wu-bf16":
+                w, uu = bf(w), bf(uu)
+            u = uu - w @ sr
+            ur = bf(u) if form == "wu-bf16" else rt(u)
+            o[sl] = scale * (eg * (qc @ sr) + p @ ur)
+        ud = rt(torch.exp(gl - gc)[:, None] * u)
+        S = torch.exp(gl) * S + kc.T @ ud
+    return o, S
+
+
+def model(form, x, scale):
+    """All heads of a make_inputs problem (B, T, H, HV, K, V), q and k already normalised."""
+    q, k, v = x["q"].float(), x["k"].float(), x["v"].float()
+    B, T, H, K = q.shape
+    HV, V = v.shape[2], v.shape[3]
+    o = torch.empty(B, T, HV, V)
+    S = torch.empty(B, HV, K, V)
+    for b in range(B):
+        for hv in range(HV):
+            h = hv // (HV // H)
+            o[b, :, hv], S[b, hv] = run_form(
+                form, q[b, :, h], k[b, :, h], v[b, :, hv], x["g"][b, :, hv].float(),
+                x["beta"][b, :, hv].float(), x["initial_state"][b, hv].float(), scale)
+    return o, S
+
+
+def problem(B, T, H, HV, K, V, seed):
+    x = make_inputs(B, T, H, HV, K, V, dtype=torch.bfloat16, state=True, seed=seed)
+    # normalised keys and queries rounded to bf16, as gdn_matrix.py gives both sides
+    for n in ("q", "k"):
+        f = x[n].float()
+        x[n] = (f / torch.sqrt((f * f).sum(-1, keepdim=True) + 1e-6)).bfloat16()
+    return x
+
+
+def _cpu() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def rel(a, b):
+    return float(workbench.compare(a.double(), b.double()).rel_l2)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path)
+    ap.add_argument("--T", type=int, default=2048)
+    ap.add_argument("--check-emulation", action=argparse.BooleanOptionalAction, default=True,
+                    help="model 'tinv' against the CPU emulation of the kernels (builds it)")
+    args = ap.parse_args()
+    rows = []
+    for K in (128, 64):
+        x = problem(1, args.T, 2, 4, K, K, seed=5)
+        scale = K ** -0.5
+        ro, rs = oracle.chunked(**x, scale=scale)
+        row = {"shape": f"B1 T{args.T} H2 HV4 K{K} V{K}", "vs_fp64": {}}
+        for form in FORMS:
+            o, s = model(form, x, scale)
+            row["vs_fp64"][form] = {"o": rel(o, ro), "state": rel(s, rs)}
+        rows.append(row)
+        print(json.dumps(row))
+    check = None
+    if args.check_emulation:
+        from workbench.kernels.gdn import mma_emu
+        x = problem(1, 300, 1, 2, 128, 64, seed=7)
+        scale = 128 ** -0.5
+        eo, es = mma_emu.chunked(**x, scale=scale, output_dtype=torch.float32)
+        mo, ms = model("tinv", x, scale)
+        ro, rs = oracle.chunked(**x, scale=scale)
+        check = {"shape": "B1 T300 H1 HV2 K128 V64",
+                 "model_tinv_vs_emulation": {"o": rel(mo, eo), "state": rel(ms, es)},
+                 "emulation_vs_fp64": {"o": rel(eo, ro), "state": rel(es, rs)},
+                 "model_tinv_vs_fp64": {"o": rel(mo, ro), "state": rel(ms, rs)}}
+        print(json.dumps(check))
+    result = {
+        "benchmark": "gdn_wu_form_accuracy",
+        "command": "python " + " ".join([Path(sys.argv[0]).as_posix()] + sys.argv[1:]),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "machine": f"{_cpu()}, Python {platform.python_version()}, torch {torch.__version__}",
+        "rounding": "tf32 operands (cvt.rna), float32 sums (CPU BLAS order); rel L2 vs FP64 oracle",
+        "rows": rows, "emulation_check": check,
+    }
+    if args.out:
+        args.out.write_text(json.dumps(result, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
