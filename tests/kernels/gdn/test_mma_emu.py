@@ -296,3 +296,29 @@ def test_emulation_matches_the_gpu(mma_pass, monkeypatch):
     go, gs = gdn.chunked(**{n: t.cuda() for n, t in x.items()}, qk_l2norm=True, backend="ext",
                          policy=workbench.Policy(output_dtype="fp32"))
     assert workbench.compare(eo, go.cpu()).rel_l2 <= 1e-4 and workbench.compare(es, gs.cpu()).rel_l2 <= 1e-5
+
+
+def test_wu_form_model_tracks_the_kernels():
+    """benchmarks/gdn_wu_form_accuracy.py compares forms of the recurrence on a torch model of the
+    kernels' roundings: its tf32 rounding is cvt.rna's (ties away from zero), its model of today's
+    form is far closer to the kernels' emulation than either is to FP64, and the W / u form it
+    models lands near today's form, its bf16 storage far from it (what the docs report)."""
+    import importlib.util
+    from pathlib import Path
+    path = Path(__file__).resolve().parents[3] / "benchmarks" / "gdn_wu_form_accuracy.py"
+    spec = importlib.util.spec_from_file_location("gdn_wu_form_accuracy", path)
+    wu = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(wu)
+    ulp = 2.0 ** -10
+    x = torch.tensor([1 + ulp / 2, -(1 + ulp / 2), 1 + ulp / 2 - 2 ** -23, 1 + 1.5 * ulp])
+    assert wu.rt(x).tolist() == [1 + ulp, -(1 + ulp), 1.0, 1 + 2 * ulp]
+    p = wu.problem(1, 300, 1, 2, 128, 64, seed=7)
+    scale = 128 ** -0.5
+    eo, es = mma_emu.chunked(**p, scale=scale, output_dtype=torch.float32)
+    ro, rs = oracle.chunked(**p, scale=scale)
+    got = {f: wu.model(f, p, scale) for f in wu.FORMS}
+    e_o, e_s = wu.rel(eo, ro), wu.rel(es, rs)
+    assert wu.rel(got["tinv"][0], eo) < 0.25 * e_o and wu.rel(got["tinv"][1], es) < 0.25 * e_s
+    t_o, t_s = wu.rel(got["tinv"][0], ro), wu.rel(got["tinv"][1], rs)
+    assert wu.rel(got["wu"][0], ro) < 1.3 * t_o and wu.rel(got["wu"][1], rs) < 1.3 * t_s
+    assert wu.rel(got["wu-bf16"][0], ro) > 3 * t_o
