@@ -37,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import workbench  # noqa: E402
 from workbench.kernels.gdn import oracle  # noqa: E402
 from workbench.kernels.gdn._cases import make_inputs  # noqa: E402
+from workbench.numerics.portable import cpu_name  # noqa: E402
 
 C = 64
 FORMS = ("tinv", "wu", "wu-bf16")
@@ -121,16 +122,6 @@ def problem(B, T, H, HV, K, V, seed):
     return x
 
 
-def _cpu() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def rel(a, b):
     return float(workbench.compare(a.double(), b.double()).rel_l2)
 
@@ -170,7 +161,7 @@ def main():
         "benchmark": "gdn_wu_form_accuracy",
         "command": "python " + " ".join([Path(sys.argv[0]).as_posix()] + sys.argv[1:]),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "machine": f"{_cpu()}, Python {platform.python_version()}, torch {torch.__version__}",
+        "machine": f"{cpu_name()}, Python {platform.python_version()}, torch {torch.__version__}",
         "rounding": "tf32 operands (cvt.rna), float32 sums (CPU BLAS order); rel L2 vs FP64 oracle",
         "rows": rows, "emulation_check": check,
     }
