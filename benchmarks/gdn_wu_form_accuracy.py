@@ -13,6 +13,9 @@ Both forms round what a tensor-core kernel feeds its tf32 products (round to nea
   a chunk, U = u - W S, o = scale (exp(gc) Q S + P U); W, P, beta V, U as an operand, the state
   as an operand and the decayed U rounded to tf32, u kept in float32.
 - ``wu-bf16``: the same with W, u and U stored in bf16 (what fla keeps), for scale.
+- ``wu-tb``: u formed from the raw values as ``u = TB V`` with ``TB = Tinv diag(beta)`` rounded
+  to tf32 (a C x C operand the pass can read in Tinv's place, V exact in tf32), W in tf32.
+- ``wu-tb-wbf16``: the same with W stored in bf16 (half its bytes), U still rounded to tf32.
 
 The model is checked against the CPU emulation of the real kernels (``mma_emu``) on a smaller
 problem: ``tinv``'s distance to the emulation is reported next to its distance to FP64, and must
@@ -40,7 +43,7 @@ from workbench.kernels.gdn._cases import make_inputs  # noqa: E402
 from workbench.numerics.portable import cpu_name  # noqa: E402
 
 C = 64
-FORMS = ("tinv", "wu", "wu-bf16")
+FORMS = ("tinv", "wu", "wu-bf16", "wu-tb", "wu-tb-wbf16")
 
 
 def rt(x: torch.Tensor) -> torch.Tensor:
@@ -86,9 +89,14 @@ def run_form(form, q, k, v, g, beta, s0, scale):
             o[sl] = scale * (eg * (qc @ sr) + pt @ r)
         else:
             w = rt(tinv @ rt(bc[:, None] * eg * kc))
-            uu = tinv @ rt(bc[:, None] * vc)
+            if form.startswith("wu-tb"):
+                uu = rt(tinv * bc[None, :]) @ vc
+            else:
+                uu = tinv @ rt(bc[:, None] * vc)
             if form == "wu-bf16":
                 w, uu = bf(w), bf(uu)
+            if form == "wu-tb-wbf16":
+                w = bf(w)
             u = uu - w @ sr
             ur = bf(u) if form == "wu-bf16" else rt(u)
             o[sl] = scale * (eg * (qc @ sr) + p @ ur)
