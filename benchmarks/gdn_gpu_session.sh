@@ -6,6 +6,8 @@
 #   OUT=$OUT bash benchmarks/gdn_gpu_session.sh tests    # the mma path's GPU tests, every pass forced,
 #                                                       # and the CPU emulation against the GPU
 #   OUT=$OUT bash benchmarks/gdn_gpu_session.sh tests NODE...  # those tests only
+#                                                       # (TESTS_K="a or b": -k; TESTS_NAME=x:
+#                                                       # gpu-tests-DAY-x.txt)
 #   OUT=$OUT bash benchmarks/gdn_gpu_session.sh ab [shape filters...]
 #                                                       # gdn_pass_ab: smem smem16 warp pair auto vs fla
 #   OUT=$OUT bash benchmarks/gdn_gpu_session.sh matrix [shape filters...]
@@ -61,7 +63,10 @@ case "$mode" in
   tests)
     cmd="pytest -q -m gpu tests/kernels/gdn/test_varlen.py tests/kernels/test_graph_capture.py tests/kernels/gdn/test_ext.py tests/kernels/gdn/test_mma_emu.py tests/kernels/gdn/test_cuda_scalar_emu.py -k 'mma or packed or capturable or emul'"
     [ $# -gt 0 ] && cmd="pytest -q -m gpu $*"  # or the tests named (node ids)
-    f="$out/gpu-tests-$day-mma-passes.txt"
+    # TESTS_K: a -k expression for the tests named (spaces allowed); TESTS_NAME: the result
+    # file's name instead of mma-passes (several test runs in one call)
+    [ $# -gt 0 ] && [ -n "${TESTS_K:-}" ] && cmd="$cmd -k '$TESTS_K'"
+    f="$out/gpu-tests-$day-${TESTS_NAME:-mma-passes}.txt"
     { header "$cmd"; timeout "$limit" bash -c "python3 -m $cmd -p no:cacheprovider" 2>&1; echo "# rc=$?"; } > "$f"
     tail -5 "$f"
     ;;
