@@ -327,3 +327,106 @@ def test_wu_form_model_tracks_the_kernels():
     # closer to FP64 than today's form, W in bf16 or not
     for f in ("wu-tb", "wu-tb-wbf16"):
         assert wu.rel(got[f][0], ro) < 0.95 * t_o and wu.rel(got[f][1], rs) < 0.85 * t_s, f
+
+
+# the W / u form (WORKBENCH_GDN_MMA_FORM=wu): bf16 inputs on the shared-memory passes
+WU_CASES = [("smem", 2, 150, 1, 2, 128, 64), ("smem16", 1, 130, 1, 2, 64, 32),
+            ("smem", 1, 70, 2, 4, 64, 64), ("smem16", 1, 200, 1, 1, 128, 32)]
+
+
+@pytest.mark.parametrize("case", WU_CASES, ids=lambda c: f"{c[0]}-T{c[2]}K{c[5]}V{c[6]}")
+def test_emulated_wu_form_against_oracle(case, monkeypatch):
+    """The W / u form (Tinv out of the pass's loop: prepare writes TB = Tinv diag(beta), P and W
+    in bf16, the pass forms U = TB V - W S) on the emulated kernels: closer to the FP64 oracle than
+    today's form on the same inputs, as benchmarks/gdn_wu_form_accuracy.py's model says, with
+    the q / k norm in the kernels, an initial state and a last chunk shorter than 64."""
+    mma_pass, B, T, H, HV, K, V = case
+    x = make_inputs(B, T, H, HV, K, V, dtype=torch.bfloat16, state=True, seed=67)
+    ro, rs = oracle.chunked(**x, qk_l2norm=True)
+    o0, s0 = run(x, mma_pass, monkeypatch, output_dtype=torch.float32)
+    monkeypatch.setenv("WORKBENCH_GDN_MMA_FORM", "wu")
+    o1, s1 = run(x, mma_pass, monkeypatch, output_dtype=torch.float32)
+    assert mma_emu.pass_of(B, HV, V, torch.bfloat16) == mma_pass
+    assert torch.isfinite(o1).all() and torch.isfinite(s1).all()
+    rel = lambda a, b: workbench.compare(a, b).rel_l2
+    assert not torch.equal(o1, o0)  # the other form ran
+    assert rel(o1, ro) < rel(o0, ro) <= 5e-4 and rel(s1, rs) < rel(s0, rs) <= 5e-4
+
+
+@pytest.mark.parametrize("mma_pass", ["smem", "smem16"])
+def test_emulated_wu_form_packed_copies_and_schedules(mma_pass, monkeypatch):
+    """The W / u form's packed batch equals its sequences run alone, bit for bit (1-token, empty
+    and 64-token sequences among them), and its copies issued by the computing warps, one or two
+    copying warps, with warps drifting apart and copies landing late or at issue, give the same
+    bits: its two barriers a chunk order everything it reads."""
+    monkeypatch.setenv("WORKBENCH_GDN_MMA_FORM", "wu")
+    monkeypatch.setenv("WB_EMU_SMS", "8")
+    lengths = [70, 1, 0, 64, 130]
+    x = packed_inputs(lengths, H=1, HV=2, K=64, V=32 if mma_pass == "smem16" else 64,
+                      dtype=torch.bfloat16, seed=71)
+    want = run(x, mma_pass, monkeypatch, output_dtype=torch.float32)
+    assert torch.isfinite(want[0]).all() and torch.isfinite(want[1]).all()
+    cu = [0]
+    for n in lengths:
+        cu.append(cu[-1] + n)
+    for i, n in enumerate(lengths):
+        one = {k: (t[:, cu[i]:cu[i + 1]] if k not in ("initial_state", "cu_seqlens") else t)
+               for k, t in x.items()}
+        one["initial_state"] = x["initial_state"][i:i + 1]
+        del one["cu_seqlens"]
+        if n == 0:
+            assert torch.equal(want[1][i], x["initial_state"][i])
+            continue
+        o, s = run(one, mma_pass, monkeypatch, output_dtype=torch.float32)
+        assert torch.equal(o, want[0][:, cu[i]:cu[i + 1]]) and torch.equal(s[0], want[1][i]), i
+    for copy, sched, cp in (("warps", "skew", "late"), ("producer", "", "eager"),
+                            ("two", "skew", "late")):
+        monkeypatch.setenv("WORKBENCH_GDN_MMA_COPY", copy)
+        monkeypatch.setenv("WB_EMU_SCHED", sched)
+        monkeypatch.setenv("WB_EMU_CP", cp)
+        got = run(x, mma_pass, monkeypatch, output_dtype=torch.float32)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), (copy, sched, cp)
+
+
+def test_emulated_wu_form_only_where_it_applies(monkeypatch):
+    """WORKBENCH_GDN_MMA_FORM=wu changes nothing where the W / u form does not run: fp16 inputs
+    and the warp-resident pass keep today's form, bit for bit."""
+    for dt, mma_pass in ((torch.float16, "smem"), (torch.bfloat16, "warp")):
+        x = make_inputs(1, 100, 1, 2, 64, 64, dtype=dt, state=True, seed=73)
+        monkeypatch.delenv("WORKBENCH_GDN_MMA_FORM", raising=False)
+        want = run(x, mma_pass, monkeypatch, output_dtype=torch.float32)
+        monkeypatch.setenv("WORKBENCH_GDN_MMA_FORM", "wu")
+        got = run(x, mma_pass, monkeypatch, output_dtype=torch.float32)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), (dt, mma_pass)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mma_pass", ["smem", "smem16"])
+def test_wu_form_on_the_gpu(mma_pass, monkeypatch):
+    """The W / u form on the GPU: its emulation's result to float32 rounding, closer to the FP64
+    oracle than today's form there, and a packed batch its sequences alone, bit for bit."""
+    from workbench.kernels import gdn
+    monkeypatch.setenv("WORKBENCH_GDN_CUDA_PATH", "mma")
+    monkeypatch.setenv("WORKBENCH_GDN_MMA_PASS", mma_pass)
+    x = make_inputs(2, 150, 2, 4, 128, 64 if mma_pass == "smem" else 32, dtype=torch.bfloat16,
+                    state=True, seed=79)
+    pol = workbench.Policy(output_dtype="fp32")
+    gpu = lambda y: gdn.chunked(**{n: (t.cuda() if torch.is_tensor(t) else t) for n, t in y.items()},
+                                qk_l2norm=True, backend="ext", policy=pol)
+    o0, s0 = gpu(x)
+    monkeypatch.setenv("WORKBENCH_GDN_MMA_FORM", "wu")
+    go, gs = gpu(x)
+    eo, es = run(x, mma_pass, monkeypatch, output_dtype=torch.float32)
+    rel = lambda a, b: workbench.compare(a.float().cpu(), b.float().cpu()).rel_l2
+    assert rel(eo, go) <= 1e-4 and rel(es, gs) <= 1e-5
+    ro, rs = oracle.chunked(**x, qk_l2norm=True)
+    assert rel(ro, go) < rel(ro, o0) and rel(rs, gs) < rel(rs, s0)
+    p = packed_inputs([70, 1, 0, 64, 130], H=1, HV=2, K=128, V=64, dtype=torch.bfloat16, seed=83)
+    po, ps = gpu(p)
+    cu = p["cu_seqlens"]
+    for i in range(5):
+        if cu[i + 1] == cu[i]:
+            continue
+        one = {n: t[:, cu[i]:cu[i + 1]] for n, t in p.items() if n in ("q", "k", "v", "g", "beta")}
+        o, s = gpu({**one, "initial_state": p["initial_state"][i:i + 1]})
+        assert torch.equal(o, po[:, cu[i]:cu[i + 1]]) and torch.equal(s[0], ps[i]), i
