@@ -282,6 +282,15 @@ def test_emulation_catches_mutants(tmp_path, monkeypatch):
             assert workbench.compare(ro, good[p]).rel_l2 <= 5e-3
             o = run(x, p, monkeypatch, lib=lib)[0]
             assert not torch.isfinite(o.float()).all() or workbench.compare(ro, o).rel_l2 > 1e-2, (p, copy)
+        # the W / u form's pass waits for its copies where the other form does
+        monkeypatch.setenv("WORKBENCH_GDN_MMA_FORM", "wu")
+        monkeypatch.setenv("WB_EMU_SCHED", "lockstep")
+        monkeypatch.setenv("WB_EMU_CP", "late")
+        for p in ("smem", "smem16"):
+            assert workbench.compare(ro, run(x, p, monkeypatch)[0]).rel_l2 <= 5e-3
+            o = run(x, p, monkeypatch, lib=lib)[0]
+            assert not torch.isfinite(o.float()).all() or workbench.compare(ro, o).rel_l2 > 1e-2, (p, copy, "wu")
+        monkeypatch.delenv("WORKBENCH_GDN_MMA_FORM")
 
 
 @pytest.mark.gpu
