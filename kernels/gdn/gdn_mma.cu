@@ -870,13 +870,14 @@ mma_prepare(const QT* __restrict__ q, const QT* __restrict__ k, const float* __r
         const float gj = j < L ? gc[j] : 0.f;
         const float f = bt[j] * (expf(gj) * nkv[j]);
         const float2 kv = ld2(Ks + j * SK + c);
-        *reinterpret_cast<float2*>(Os + j * OS + c) = make_float2(rtf32(f * kv.x), rtf32(f * kv.y));
+        *reinterpret_cast<float2*>(Os + j * OS + c) =
+            make_float2(rtf32(f * kv.x), rtf32(f * kv.y));
       }
       __syncthreads();
       __nv_bfloat16* wout = reinterpret_cast<__nv_bfloat16*>(out + kChunkWs);
 #pragma unroll 1
       for (int c0 = (w >> 2) * (K / 2); c0 < (w >> 2) * (K / 2) + K / 2; c0 += 16) {
-        float acc[1][2][4];  // 16 columns at a time (32 spill at K = 128)
+        float acc[1][2][4];  // 16 columns at a time (fewer registers live)
         zero(acc);
         gemm_to<1, 2, kTS, 1, OS, 1>(acc, Ts + i0 * kTS, Os + c0, i0 + 16, lane);
 #pragma unroll
