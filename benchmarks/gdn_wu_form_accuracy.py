@@ -13,9 +13,15 @@ Both forms round what a tensor-core kernel feeds its tf32 products (round to nea
   a chunk, U = u - W S, o = scale (exp(gc) Q S + P U); W, P, beta V, U as an operand, the state
   as an operand and the decayed U rounded to tf32, u kept in float32.
 - ``wu-bf16``: the same with W, u and U stored in bf16 (what fla keeps), for scale.
-- ``wu-tb``: u formed from the raw values as ``u = TB V`` with ``TB = Tinv diag(beta)`` rounded
-  to tf32 (a C x C operand the pass can read in Tinv's place, V exact in tf32), W in tf32.
-- ``wu-tb-wbf16``: the same with W stored in bf16 (half its bytes), U still rounded to tf32.
+- ``wu-tb``: u formed from the raw values as ``u = TB V + beta V`` with ``TB = Tinv diag(beta)``
+  below its diagonal rounded to tf32 (a C x C operand the pass reads in Tinv's place, V exact in
+  tf32) and the diagonal's ``beta_i V_i`` added in float32, W in tf32 (the kernels'
+  ``WORKBENCH_GDN_MMA_FORM=wu`` with W in float32).
+- ``wu-tb-wbf16``: the same with W stored in bf16 (half its bytes), U still rounded to tf32 (what
+  the kernels run).
+
+Each shape runs twice: beta representable in bf16 (as engines and the tests pass it) and beta in
+float32 (not exact in tf32).
 
 The model is checked against the CPU emulation of the real kernels (``mma_emu``) on a smaller
 problem: ``tinv``'s distance to the emulation is reported next to its distance to FP64, and must
@@ -90,7 +96,8 @@ def run_form(form, q, k, v, g, beta, s0, scale):
         else:
             w = rt(tinv @ rt(bc[:, None] * eg * kc))
             if form.startswith("wu-tb"):
-                uu = rt(tinv * bc[None, :]) @ vc
+                tb = rt(torch.tril(tinv * bc[None, :], -1))
+                uu = tb @ vc + bc[:, None] * vc
             else:
                 uu = tinv @ rt(bc[:, None] * vc)
             if form == "wu-bf16":
@@ -121,8 +128,11 @@ def model(form, x, scale):
     return o, S
 
 
-def problem(B, T, H, HV, K, V, seed):
+def problem(B, T, H, HV, K, V, seed, beta32=False):
     x = make_inputs(B, T, H, HV, K, V, dtype=torch.bfloat16, state=True, seed=seed)
+    if beta32:  # beta in float32, not exact in bf16 or tf32
+        gen = torch.Generator().manual_seed(seed + 100)
+        x["beta"] = torch.sigmoid(torch.randn(x["beta"].shape, generator=gen))
     # normalised keys and queries rounded to bf16, as gdn_matrix.py gives both sides
     for n in ("q", "k"):
         f = x[n].float()
@@ -142,11 +152,12 @@ def main():
                     help="model 'tinv' against the CPU emulation of the kernels (builds it)")
     args = ap.parse_args()
     rows = []
-    for K in (128, 64):
-        x = problem(1, args.T, 2, 4, K, K, seed=5)
+    for K, beta32 in ((128, False), (64, False), (128, True)):
+        x = problem(1, args.T, 2, 4, K, K, seed=5, beta32=beta32)
         scale = K ** -0.5
         ro, rs = oracle.chunked(**x, scale=scale)
-        row = {"shape": f"B1 T{args.T} H2 HV4 K{K} V{K}", "vs_fp64": {}}
+        row = {"shape": f"B1 T{args.T} H2 HV4 K{K} V{K}",
+               "beta": "float32" if beta32 else "bf16-representable", "vs_fp64": {}}
         for form in FORMS:
             o, s = model(form, x, scale)
             row["vs_fp64"][form] = {"o": rel(o, ro), "state": rel(s, rs)}

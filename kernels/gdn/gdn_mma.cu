@@ -117,9 +117,10 @@ constexpr int kThreads = 256;  // every kernel: 8 warps
 // exp(gc_last - gc_i) nk_i (0 past the chunk's end) and exp(gc_last) (element 0 of the fifth row).
 constexpr int kFacRows = 5, kFac = 2 * kC * kC, kChunkWs = kFac + kFacRows * kC;
 // The W / u form (WU; WORKBENCH_GDN_MMA_FORM=wu, bf16 inputs, the shared-memory passes): the two
-// C x C tiles are TB = Tinv diag(beta) and P (instead of Tinv and PT), the factor rows the same,
-// then W = Tinv (beta exp(gc) nk K) in bf16 (C x K); the pass forms U = TB V - W S, Tinv out of
-// its loop. A chunk's workspace: kChunkWs floats, and C K / 2 more in that form.
+// C x C tiles are TB = Tinv diag(beta) below its diagonal (0 on it) and P (instead of Tinv and
+// PT), the factor rows the same, then W = Tinv (beta exp(gc) nk K) in bf16 (C x K); the pass
+// forms U = TB V + beta V - W S, Tinv out of its loop. A chunk's workspace: kChunkWs floats, and
+// C K / 2 more in that form.
 template <int K, bool WU>
 constexpr int chunk_ws = WU ? kChunkWs + kC * K / 2 : kChunkWs;
 
@@ -640,7 +641,8 @@ mma_l2_norms(const QT* __restrict__ q, const QT* __restrict__ k, float* __restri
 // with it gives X_I0's own tf32 values, the zero columns +0), so they are written as such rather
 // than formed by a product each: the same bits, one stage of four fewer on warp 0's chain (the
 // longest); WORKBENCH_GDN_MMA_SOLVE=full forms every block (A/Bs).
-// TB (the W / u form): out gets rt(Y diag(beta)) (beta: bt, from column 0), R still Y.
+// TB (the W / u form): out gets rt(Y diag(beta)) (beta: bt, from column 0; prepare then zeroes
+// its diagonal: the pass adds beta_i V_i itself, in float32), R still Y.
 template <int LDR, bool TB = false>
 __device__ __forceinline__ void solve_block_columns(const float* As, const float* Xd, float* R,
                                                     float* out, long ldo, int lane, int c0,
@@ -862,6 +864,7 @@ mma_prepare(const QT* __restrict__ q, const QT* __restrict__ k, const float* __r
       // the inverse diagonal blocks (free since the last barrier), and W = Tinv (that) by mma,
       // rounded to bf16 (TB and P went to the workspace above)
       const int i0 = (w & 3) * 16;
+      if (tid < kC) out[tid * kC + tid] = 0.f;  // TB's diagonal: beta_i V_i is the pass's own
       constexpr int OS = K + 4;  // the operand's row stride (4 mod 16: B operands)
       static_assert(kC * OS <= 2 * kC * kPS && S::Xs == S::As + kC * kPS, "W's operand space");
       float* Os = As;
@@ -1011,7 +1014,7 @@ struct PassSmem {
 // waited for at the next chunk's second barrier; two blocks an SM).
 // WU (the W / u form, 16-bit inputs, two stages): from prepare's TB, P and W instead of Tinv and
 // PT, each warp forms for its rows and columns W S (where K S was) and u = TB V, then
-// U = u - W S, writing rt(U) (where R was) and the update's rt(exp(gc_last - gc) U); after the
+// U = u + beta V - W S, writing rt(U) (where R was) and the update's rt(exp(gc_last - gc) U); after the
 // second barrier the update and o = scale (exp(gc) Q S + P rt(U)) side by side: two block
 // barriers a chunk, and two products from one chunk's state to the next instead of three.
 template <int K, typename QT, int BV, bool WU = false>
@@ -1190,7 +1193,7 @@ mma_pass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restric
         gemm_pair16<2, K / 2, SKK, SST>(x2, y2, Wc + r1 * SKK + K / 2, Qs + r1 * SQ + K / 2,
                                         sbn + K / 2, lane);
       }
-      float uu[1][2][4];  // WU: u = TB V (V's raw values; TB lower triangular: depth r1 + 16)
+      float uu[1][2][4];  // WU: u = TB V (V's raw values; TB strictly lower: depth r1 + 16)
       zero(uu);
       if constexpr (WU)
         gemm_one<2, 0, kPS, 1, P::SVT, 1, false, false>(uu, Tc + r1 * kPS, Vc + n1, r1 + 16, lane);
@@ -1203,13 +1206,13 @@ mma_pass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restric
           const int c = n1 + nt * 8 + 2 * tq;
           const float k0 = x[0][nt][2 * hf] + x2[0][nt][2 * hf];
           const float k1 = x[0][nt][2 * hf + 1] + x2[0][nt][2 * hf + 1];
-          if constexpr (WU)
-            u_rows(i, c, uu[0][nt][2 * hf] - k0, uu[0][nt][2 * hf + 1] - k1);
-          else {
-            const float2 vv = ld2(Vc + i * P::SVT + c);
+          const float2 vv = ld2(Vc + i * P::SVT + c);
+          if constexpr (WU)  // U = (TB V + beta_i V_i) - W S
+            u_rows(i, c, (uu[0][nt][2 * hf] + bi * vv.x) - k0,
+                   (uu[0][nt][2 * hf + 1] + bi * vv.y) - k1);
+          else
             *reinterpret_cast<float2*>(Rs + i * SR + c) =
                 make_float2(rtf32(bi * (vv.x - ek * k0)), rtf32(bi * (vv.y - ek * k1)));
-          }
           o1[0][nt][2 * hf] = eq * (y[0][nt][2 * hf] + y2[0][nt][2 * hf]);
           o1[0][nt][2 * hf + 1] = eq * (y[0][nt][2 * hf + 1] + y2[0][nt][2 * hf + 1]);
         }
@@ -1242,13 +1245,13 @@ mma_pass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restric
             const int c = nt * 8 + 2 * tq;
             const float k0 = x[0][nt][2 * hf] + x2[0][nt][2 * hf];
             const float k1 = x[0][nt][2 * hf + 1] + x2[0][nt][2 * hf + 1];
-            if constexpr (WU)
-              u_rows(i, c, uu[0][nt][2 * hf] - k0, uu[0][nt][2 * hf + 1] - k1);
-            else {
-              const float2 vv = ld2(Vc + i * P::SVT + c);
+            const float2 vv = ld2(Vc + i * P::SVT + c);
+            if constexpr (WU)  // U = (TB V + beta_i V_i) - W S
+              u_rows(i, c, (uu[0][nt][2 * hf] + bi * vv.x) - k0,
+                     (uu[0][nt][2 * hf + 1] + bi * vv.y) - k1);
+            else
               *reinterpret_cast<float2*>(Rs + i * SR + c) =
                   make_float2(rtf32(bi * (vv.x - ek * k0)), rtf32(bi * (vv.y - ek * k1)));
-            }
           }
         } else {
           const float eq = feq[i];

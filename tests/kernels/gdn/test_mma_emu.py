@@ -339,18 +339,24 @@ def test_wu_form_model_tracks_the_kernels():
 
 
 # the W / u form (WORKBENCH_GDN_MMA_FORM=wu): bf16 inputs on the shared-memory passes
-WU_CASES = [("smem", 2, 150, 1, 2, 128, 64), ("smem16", 1, 130, 1, 2, 64, 32),
-            ("smem", 1, 70, 2, 4, 64, 64), ("smem16", 1, 200, 1, 1, 128, 32)]
+WU_CASES = [("smem", 2, 150, 1, 2, 128, 64, False), ("smem16", 1, 130, 1, 2, 64, 32, False),
+            ("smem", 1, 70, 2, 4, 64, 64, True), ("smem16", 1, 200, 1, 1, 128, 32, True)]
 
 
-@pytest.mark.parametrize("case", WU_CASES, ids=lambda c: f"{c[0]}-T{c[2]}K{c[5]}V{c[6]}")
+@pytest.mark.parametrize("case", WU_CASES,
+                         ids=lambda c: f"{c[0]}-T{c[2]}K{c[5]}V{c[6]}" + ("-beta32" if c[7] else ""))
 def test_emulated_wu_form_against_oracle(case, monkeypatch):
-    """The W / u form (Tinv out of the pass's loop: prepare writes TB = Tinv diag(beta), P and W
-    in bf16, the pass forms U = TB V - W S) on the emulated kernels: closer to the FP64 oracle than
-    today's form on the same inputs, as benchmarks/gdn_wu_form_accuracy.py's model says, with
-    the q / k norm in the kernels, an initial state and a last chunk shorter than 64."""
-    mma_pass, B, T, H, HV, K, V = case
+    """The W / u form (Tinv out of the pass's loop: prepare writes TB = Tinv diag(beta) below its
+    diagonal, P and W in bf16, the pass forms U = TB V + beta V - W S) on the emulated kernels:
+    closer to the FP64 oracle than today's form on the same inputs, as
+    benchmarks/gdn_wu_form_accuracy.py's model says, with the q / k norm in the kernels, an
+    initial state, a last chunk shorter than 64, and beta in float32 (not exact in tf32) as well
+    as representable in bf16."""
+    mma_pass, B, T, H, HV, K, V, beta32 = case
     x = make_inputs(B, T, H, HV, K, V, dtype=torch.bfloat16, state=True, seed=67)
+    if beta32:
+        x["beta"] = torch.sigmoid(torch.randn(x["beta"].shape,
+                                              generator=torch.Generator().manual_seed(68)))
     ro, rs = oracle.chunked(**x, qk_l2norm=True)
     o0, s0 = run(x, mma_pass, monkeypatch, output_dtype=torch.float32)
     monkeypatch.setenv("WORKBENCH_GDN_MMA_FORM", "wu")
