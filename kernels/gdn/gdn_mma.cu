@@ -1014,9 +1014,9 @@ struct PassSmem {
 // waited for at the next chunk's second barrier; two blocks an SM).
 // WU (the W / u form, 16-bit inputs, two stages): from prepare's TB, P and W instead of Tinv and
 // PT, each warp forms for its rows and columns W S (where K S was) and u = TB V, then
-// U = u + beta V - W S, writing rt(U) (where R was) and the update's rt(exp(gc_last - gc) U); after the
-// second barrier the update and o = scale (exp(gc) Q S + P rt(U)) side by side: two block
-// barriers a chunk, and two products from one chunk's state to the next instead of three.
+// U = u + beta V - W S, writing rt(U) (where R was) and the update's rt(exp(gc_last - gc) U);
+// after the second barrier the update and o = scale (exp(gc) Q S + P rt(U)) side by side: two
+// block barriers a chunk, and two products from one chunk's state to the next instead of three.
 template <int K, typename QT, int BV, bool WU = false>
 __global__ void __launch_bounds__(kThreads + 64, pass_lean<K, QT, BV> && !WU ? 2 : 1)
 mma_pass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restrict__ v,

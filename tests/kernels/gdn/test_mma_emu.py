@@ -343,8 +343,8 @@ WU_CASES = [("smem", 2, 150, 1, 2, 128, 64, False), ("smem16", 1, 130, 1, 2, 64,
             ("smem", 1, 70, 2, 4, 64, 64, True), ("smem16", 1, 200, 1, 1, 128, 32, True)]
 
 
-@pytest.mark.parametrize("case", WU_CASES,
-                         ids=lambda c: f"{c[0]}-T{c[2]}K{c[5]}V{c[6]}" + ("-beta32" if c[7] else ""))
+@pytest.mark.parametrize(
+    "case", WU_CASES, ids=lambda c: f"{c[0]}-T{c[2]}K{c[5]}V{c[6]}" + ("-beta32" if c[7] else ""))
 def test_emulated_wu_form_against_oracle(case, monkeypatch):
     """The W / u form (Tinv out of the pass's loop: prepare writes TB = Tinv diag(beta) below its
     diagonal, P and W in bf16, the pass forms U = TB V + beta V - W S) on the emulated kernels:
