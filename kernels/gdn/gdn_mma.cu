@@ -2116,7 +2116,8 @@ int gdn_mma_clocks(unsigned long long* out) {
 // Tensor-core chunked prefill (chunk 64, fp32 accumulators, tf32 operands). q, k, v: float32
 // (in_dtype 0), bf16 (1) or fp16 (2), all three alike; g, beta float32. Workspace: tinv, each
 // chunk's (I + A)^-1, P (I + A)^-1 and factor rows [B,HV,NC,gdn_mma_chunk_workspace()] (NC =
-// ceil(T / 64)), float32, provided by the caller (gcum, W and U are not used); nq, nk
+// ceil(T / 64); with WORKBENCH_GDN_MMA_FORM=wu 32 K floats more a chunk: chunk_ws, W in bf16;
+// ext.mma_chunk_ws), float32, provided by the caller (gcum, W and U are not used); nq, nk
 // [B,T,H] float32 for the L2 norm of q and k (qk_l2norm; computed here), or both null for none.
 // o_dtype: 0 float32, 1 bf16, 2 fp16 (o's element type); GdnArgs.chunk is 64. Returns WB_OK, a
 // cudaError_t code, WB_ERR_SHAPE for a shape gdn_chunked_mma_supported refuses, or

@@ -375,7 +375,8 @@ def _launch_mma(lib, a, s, C, acc64, tensors, o, qk_l2norm, cu_seqlens=None):
             f"q, k, v: the mma path reads one of {list(MMA_IN)} for all three, got "
             f"{[x.dtype for x in tensors[:3]]}", key="q")
     # workspace: each chunk's (I + A)^-1, P (I + A)^-1 and the passes' factor rows (tinv; a packed
-    # batch's sequences are chunked from their own first tokens); the L2-norm factors of the q and
+    # batch's sequences are chunked from their own first tokens; W too in the W / u form:
+    # mma_chunk_ws); the L2-norm factors of the q and
     # k rows (computed by the kernels), or none
     f32 = dict(dtype=torch.float32, device=q.device)
     if cu_seqlens is None:
