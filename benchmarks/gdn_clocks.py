@@ -11,8 +11,6 @@ The marks are issue times: a phase that only issues mma ends before they complet
 latency lands in the phase that first reads the results (the pass's "S to smem" holds the state
 update's, the warp pass's "K S, Q S, R" the previous chunk's update). The clocked build is a little
 slower than the plain one (the atomics), so the phases' shares are what to read, not the sums.
-With ``WORKBENCH_GDN_MMA_FORM=wu`` set the phases carry the W / u form's names (bf16 inputs on
-the shared-memory passes; the others run today's form).
 """
 
 from __future__ import annotations
@@ -50,20 +48,7 @@ PHASES = {
              2: "issue next copies", 3: "K S, Q S, R (previous update's latency)",
              4: "R PT^T, o stores", 5: "U = R Tinv^T, decay", 6: "issue update"},
 }
-# the W / u form (WORKBENCH_GDN_MMA_FORM=wu, bf16 inputs, the shared-memory passes): the same
-# marks, other work between them (no third barrier)
-PHASES["prepare-wu"] = {**PHASES["prepare"],
-                        6: "inverse + substitution, TB (w0-1) / P to the workspace (w2-7)",
-                        8: "W: operand, barrier, W = Tinv (operand), bf16"}
-PHASES["smem-wu"] = {**PHASES["smem"], 4: "W S, Q S, u = TB V, U and Ud",
-                     7: "P U, o", 8: "(no barrier in this form)"}
 KERNEL = {"prepare": 0, "smem": 1, "smem16": 1, "warp": 2}
-
-
-def phase_names(kernel: str) -> dict:
-    name = "smem" if kernel == "smem16" else kernel
-    wu = os.environ.get("WORKBENCH_GDN_MMA_FORM") == "wu" and f"{name}-wu" in PHASES
-    return PHASES[f"{name}-wu" if wu else name]
 
 
 def clocked_library():
@@ -92,7 +77,7 @@ def summary(c: torch.Tensor, kernel: str) -> dict:
     """Cycles an iteration per phase, over the warps that marked (prepare: warps 0-1 and 2-7 apart,
     their roles differ)."""
     k = c[KERNEL[kernel]]
-    names = phase_names(kernel)
+    names = PHASES["smem" if kernel == "smem16" else kernel]
     groups = {"w0-1": [0, 1], "w2-7": list(range(2, 8))} if kernel == "prepare" else \
         {"w0-3": [0, 1, 2, 3], "w4-7": [4, 5, 6, 7]}
     out = {}

@@ -104,7 +104,7 @@ def run(lib, x, qk_l2norm, out, cu=None, h0=None):
     a = GdnArgs.of(q=t[0], k=t[1], v=t[2], g=t[3], beta=t[4], o=o, state=state, B=s.B, T=s.T, H=s.H,
                    HV=s.HV, K=s.K, V=s.V, scale=s.scale, chunk=64, acc64=0)
     nc = -(-s.T // 64) if cu is None else sum(-(-(b - a_) // 64) for a_, b in zip(cu[:-1], cu[1:]))
-    ws = [torch.zeros(s.B, s.HV, max(nc, 1), ext.mma_chunk_ws(s.K)), torch.zeros(s.B, s.HV, s.T)]
+    ws = [torch.zeros(s.B, s.HV, max(nc, 1), ext.MMA_CHUNK_WS), torch.zeros(s.B, s.HV, s.T)]
     if qk_l2norm:
         ws += [torch.empty(s.B, s.T, s.H) for _ in range(2)]
         a.nq, a.nk = ws[2].data_ptr(), ws[3].data_ptr()

@@ -17,9 +17,6 @@
 #                                                       # gdn_clocks: cycles a chunk per phase of
 #                                                       # prepare and the passes (a build with
 #                                                       # -DWB_GDN_CLOCKS); CLOCKS_PASSES="smem warp"
-#   OUT=$OUT bash benchmarks/gdn_gpu_session.sh wu [shape filters...]
-#                                                       # the W / u form: its GPU tests, then the
-#                                                       # A/B tinv vs wu (bf16, smem passes)
 #   OUT=$OUT bash benchmarks/gdn_gpu_session.sh phases [passes...]
 #                                                       # prepare / pass GPU time at B1 T8192 HV32,
 #                                                       # each pass forced (default: all four);
@@ -105,24 +102,8 @@ case "$mode" in
     timeout "$limit" python3 benchmarks/gdn_clocks.py "${args[@]}" 2>&1 | tail -3 | cut -c1-400
     stamp "$f"
     ;;
-  wu)
-    # the W / u form (WORKBENCH_GDN_MMA_FORM=wu): its GPU tests and the emulation against the GPU
-    # (at most 150 s), then the A/B against today's form (the rest of the limit; shape filters
-    # as for ab, default the single-sequence shapes of the smem passes)
-    f="$out/gpu-tests-$day-wu-form.txt"
-    cmd="pytest -q -m gpu tests/kernels/gdn/test_mma_emu.py -k 'wu_form or matches_the_gpu'"
-    { header "$cmd"; timeout 150 bash -c "python3 -m $cmd -p no:cacheprovider" 2>&1 | tail -15
-      echo "# rc=${PIPESTATUS[0]}"; } > "$f"
-    tail -3 "$f"
-    f="$out/gdn-form-ab-$day.json"
-    args=(--env WORKBENCH_GDN_MMA_FORM --variants tinv wu --rounds 2 --out "$f")
-    if [ $# -gt 0 ]; then args+=(--only "$@"); else args+=(--only "B1 T8192" K64 T32768); fi
-    timeout $((limit > 200 ? limit - 150 : 50)) python3 benchmarks/gdn_pass_ab.py "${args[@]}" 2>&1 |
-      grep -E '^\{|summary' | cut -c1-500
-    stamp "$f"
-    ;;
   *)
-    echo "usage: OUT=dir bash benchmarks/gdn_gpu_session.sh tests|ab|matrix|phases|clocks|wu [args...]" >&2
+    echo "usage: OUT=dir bash benchmarks/gdn_gpu_session.sh tests|ab|matrix|phases|clocks [args...]" >&2
     exit 2
     ;;
 esac

@@ -11,10 +11,9 @@ auto matched bit for bit).
 Any other variable the launcher reads at each call can be A/B'd the same way, e.g. who issues the
 passes' copies (``--env WORKBENCH_GDN_MMA_COPY --variants warps producer two``), prepare's grid
 (``--env WORKBENCH_GDN_MMA_PREPARE --variants value-head key-head``) or its substitution
-(``--env WORKBENCH_GDN_MMA_SOLVE --variants full short``) or the recurrence's form
-(``--env WORKBENCH_GDN_MMA_FORM --variants tinv wu``, bf16 inputs on the shared-memory passes; a
-value the launcher does not know is its default): each row then says whether the variants' o
-and final state are bit for bit those of the first variant (not so across forms, by design).
+(``--env WORKBENCH_GDN_MMA_SOLVE --variants full short``; a value the launcher does not know is
+its default): each row then says whether the variants' o and final state are bit for bit those
+of the first variant.
 """
 
 from __future__ import annotations

@@ -15,10 +15,10 @@ Both forms round what a tensor-core kernel feeds its tf32 products (round to nea
 - ``wu-bf16``: the same with W, u and U stored in bf16 (what fla keeps), for scale.
 - ``wu-tb``: u formed from the raw values as ``u = TB V + beta V`` with ``TB = Tinv diag(beta)``
   below its diagonal rounded to tf32 (a C x C operand the pass reads in Tinv's place, V exact in
-  tf32) and the diagonal's ``beta_i V_i`` added in float32, W in tf32 (the kernels'
-  ``WORKBENCH_GDN_MMA_FORM=wu`` with W in float32).
+  tf32) and the diagonal's ``beta_i V_i`` added in float32, W in tf32.
 - ``wu-tb-wbf16``: the same with W stored in bf16 (half its bytes), U still rounded to tf32 (what
-  the kernels run).
+  the kernels' W / u form ran: built as an A/B variant on 2026-12-06, 25-35% slower on the H100,
+  removed; docs/kernels/gdn.md).
 
 Each shape runs twice: beta representable in bf16 (as engines and the tests pass it) and beta in
 float32 (not exact in tf32).

@@ -16,7 +16,7 @@ struct GdnArgs {
   float* gcum;        // chunked workspace, float32: gcum [B,HV,T], W [B,HV,T,K], U [B,HV,T,V]
   float* W;           //   (the mma path: tinv only)
   float* U;
-  float* tinv;        // the mma path: each chunk's (I + A)^-1, P (I + A)^-1 and factor rows [B,HV,NC,gdn_mma_chunk_workspace()] (+32 K floats a chunk with WORKBENCH_GDN_MMA_FORM=wu)
+  float* tinv;        // the mma path: each chunk's (I + A)^-1, P (I + A)^-1 and factor rows [B,HV,NC,gdn_mma_chunk_workspace()]
   float* nq;          // the mma path: L2-norm factors of q and k rows [B,T,H] (qk_l2norm), or both null
   float* nk;
   void* stream;       // cudaStream_t (CUDA builds)

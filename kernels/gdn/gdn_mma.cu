@@ -116,13 +116,6 @@ constexpr int kThreads = 256;  // every kernel: 8 warps
 // per-position factors, kC each (kFac): exp(gc_i) nk_i, exp(gc_i) nq_i, beta_i,
 // exp(gc_last - gc_i) nk_i (0 past the chunk's end) and exp(gc_last) (element 0 of the fifth row).
 constexpr int kFacRows = 5, kFac = 2 * kC * kC, kChunkWs = kFac + kFacRows * kC;
-// The W / u form (WU; WORKBENCH_GDN_MMA_FORM=wu, bf16 inputs, the shared-memory passes): the two
-// C x C tiles are TB = Tinv diag(beta) below its diagonal (0 on it) and P (instead of Tinv and
-// PT), the factor rows the same, then W = Tinv (beta exp(gc) nk K) in bf16 (C x K); the pass
-// forms U = TB V + beta V - W S, Tinv out of its loop. A chunk's workspace: kChunkWs floats, and
-// C K / 2 more in that form.
-template <int K, bool WU>
-constexpr int chunk_ws = WU ? kChunkWs + kC * K / 2 : kChunkWs;
 
 __device__ __forceinline__ uint32_t tf32_bits(float x) {
 #ifdef WB_MMA_EMU
@@ -641,17 +634,10 @@ mma_l2_norms(const QT* __restrict__ q, const QT* __restrict__ k, float* __restri
 // with it gives X_I0's own tf32 values, the zero columns +0), so they are written as such rather
 // than formed by a product each: the same bits, one stage of four fewer on warp 0's chain (the
 // longest); WORKBENCH_GDN_MMA_SOLVE=full forms every block (A/Bs).
-// TB (the W / u form): out gets rt(Y diag(beta)) (beta: bt, from column 0; prepare then zeroes
-// its diagonal: the pass adds beta_i V_i itself, in float32), R still Y.
-template <int LDR, bool TB = false>
+template <int LDR>
 __device__ __forceinline__ void solve_block_columns(const float* As, const float* Xd, float* R,
                                                     float* out, long ldo, int lane, int c0,
-                                                    bool skip, const float* bt = nullptr) {
-  auto put = [&](int i, int c, float2 y) {  // Y's (i, c), (i, c + 1) of the warp's columns
-    *reinterpret_cast<float2*>(R + i * LDR + c) = y;
-    if constexpr (TB) y = make_float2(rtf32(y.x * bt[c0 + c]), rtf32(y.y * bt[c0 + c + 1]));
-    *reinterpret_cast<float2*>(out + i * ldo + c) = y;
-  };
+                                                    bool skip) {
   const int gq = lane >> 2, tq = lane & 3;
   const int I0 = skip ? c0 / 16 : -1;
 #pragma unroll
@@ -662,8 +648,11 @@ __device__ __forceinline__ void solve_block_columns(const float* As, const float
 #pragma unroll
         for (int hf = 0; hf < 2; ++hf) {
           const int i = 16 * I + gq + 8 * hf, c = nt * 8 + 2 * tq;
-          put(i, c, I == I0 && nt < 2 ? *reinterpret_cast<const float2*>(Xd + i * kPS + c0 + c)
-                                      : make_float2(0.f, 0.f));
+          const float2 yr = I == I0 && nt < 2
+                                ? *reinterpret_cast<const float2*>(Xd + i * kPS + c0 + c)
+                                : make_float2(0.f, 0.f);
+          *reinterpret_cast<float2*>(R + i * LDR + c) = yr;
+          *reinterpret_cast<float2*>(out + i * ldo + c) = yr;
         }
       __syncwarp();
       continue;
@@ -690,7 +679,9 @@ __device__ __forceinline__ void solve_block_columns(const float* As, const float
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf) {
         const int i = 16 * I + gq + 8 * hf, c = nt * 8 + 2 * tq;
-        put(i, c, make_float2(rtf32(y[0][nt][2 * hf]), rtf32(y[0][nt][2 * hf + 1])));
+        const float2 yr = make_float2(rtf32(y[0][nt][2 * hf]), rtf32(y[0][nt][2 * hf + 1]));
+        *reinterpret_cast<float2*>(R + i * LDR + c) = yr;
+        *reinterpret_cast<float2*>(out + i * ldo + c) = yr;
       }
     __syncwarp();  // Y_I is visible to the warp before the next block reads it
   }
@@ -719,8 +710,7 @@ struct PrepSmem {
 // diagonal blocks of (I + A)^-1 in float32 (warps 0-1, gdn_mma.h); the identity's columns by
 // blocked forward substitution (warps 0-1, 32 columns each) while warps 2-7 form P from their
 // Q K^T; then PT by mma (every warp, one 16 x 32 tile).
-// WU: the W / u form's workspace (TB, P, the factor rows, W; chunk_ws).
-template <int K, typename QT, bool WU = false>
+template <int K, typename QT>
 __global__ void __launch_bounds__(kThreads, 2)
 mma_prepare(const QT* __restrict__ q, const QT* __restrict__ k, const float* __restrict__ g,
             const float* __restrict__ beta, const float* __restrict__ nq,
@@ -793,8 +783,7 @@ mma_prepare(const QT* __restrict__ q, const QT* __restrict__ k, const float* __r
   WB_CLK(1);
   for (int vh = 0; vh < hvs; ++vh) {
     const int hv = hv0 + vh;
-    // Tinv, PT, the factors (WU: TB, P, the factors, W)
-    float* out = tinv + (long)(row0 + (long)hv * hstride) * chunk_ws<K, WU>;
+    float* out = tinv + (long)(row0 + (long)hv * hstride) * kChunkWs;  // Tinv, PT, the factors
     if (w == 0) {  // inclusive scan of g over the chunk, two steps per lane
       const int i0 = 2 * lane, i1 = i0 + 1;
       const float a0 = i0 < L ? g[gdn::gate_index(b, t0 + i0, hv, T, HV)] : 0.f;
@@ -839,59 +828,21 @@ mma_prepare(const QT* __restrict__ q, const QT* __restrict__ k, const float* __r
       // 2-3, and each warp's substitution reads all four, so the two warps meet first (named
       // barrier)
       named_sync<1, 64>();
-      // (WU: TB = rt(Tinv diag(beta)) to the workspace in Tinv's place)
-      solve_block_columns<kTS, WU>(As, Xs, Ts + 32 * w, out + 32 * w, kC, lane, 32 * w, skip, bt);
+      solve_block_columns<kTS>(As, Xs, Ts + 32 * w, out + 32 * w, kC, lane, 32 * w, skip);
     } else {  // warps 2-7: P, one 16 x 32 tile each of the six on or below the diagonal
-      // (WU: to the workspace in PT's place, no PT to form; warps 2-3 also zero the two tiles
-      // above the diagonal there)
-      float* pw = WU ? out + kC * kC : Ps;
-      constexpr int ldp = WU ? kC : kPS;
 #pragma unroll
       for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
         for (int r = 0; r < 4; ++r) {
           const int i = ip + gq + 8 * (r >> 1), j = jp + nt * 8 + 2 * tq + (r & 1);
-          pw[i * ldp + j] =
+          Ps[i * kPS + j] =
               j <= i ? rtf32(pa[0][nt][r] * (nqv[i] * nkv[j]) * expf(gc[i] - gc[j])) : 0.f;
-          if (WU && w < 4) pw[i * ldp + j + 32] = 0.f;
         }
     }
     WB_CLK(6);
     __syncthreads();
     WB_CLK(7);
-    if constexpr (WU) {
-      // W's operand, rt(beta exp(gc) nk K) (exp(gc) nk as factor row 0), in the space of A and
-      // the inverse diagonal blocks (free since the last barrier), and W = Tinv (that) by mma,
-      // rounded to bf16 (TB and P went to the workspace above)
-      const int i0 = (w & 3) * 16;
-      if (tid < kC) out[tid * kC + tid] = 0.f;  // TB's diagonal: beta_i V_i is the pass's own
-      constexpr int OS = K + 4;  // the operand's row stride (4 mod 16: B operands)
-      static_assert(kC * OS <= 2 * kC * kPS && S::Xs == S::As + kC * kPS, "W's operand space");
-      float* Os = As;
-      for (int idx = tid; idx < kC * K / 2; idx += kThreads) {
-        const int j = idx / (K / 2), c = 2 * (idx % (K / 2));
-        const float gj = j < L ? gc[j] : 0.f;
-        const float f = bt[j] * (expf(gj) * nkv[j]);
-        const float2 kv = ld2(Ks + j * SK + c);
-        *reinterpret_cast<float2*>(Os + j * OS + c) =
-            make_float2(rtf32(f * kv.x), rtf32(f * kv.y));
-      }
-      __syncthreads();
-      __nv_bfloat16* wout = reinterpret_cast<__nv_bfloat16*>(out + kChunkWs);
-#pragma unroll 1
-      for (int c0 = (w >> 2) * (K / 2); c0 < (w >> 2) * (K / 2) + K / 2; c0 += 16) {
-        float acc[1][2][4];  // 16 columns at a time (fewer registers live)
-        zero(acc);
-        gemm_to<1, 2, kTS, 1, OS, 1>(acc, Ts + i0 * kTS, Os + c0, i0 + 16, lane);
-#pragma unroll
-        for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-          for (int hf = 0; hf < 2; ++hf) {
-            const int i = i0 + gq + 8 * hf, c = c0 + nt * 8 + 2 * tq;
-            put2(wout + i * K + c, acc[0][nt][2 * hf], acc[0][nt][2 * hf + 1]);
-          }
-      }
-    } else {  // PT = P Tinv, rows 16 (w % 4).., columns 32 (w / 4).. (upper tiles: zeros)
+    {  // PT = P Tinv, rows 16 (w % 4).., columns 32 (w / 4).. (upper tiles: zeros, not computed)
       const int i0 = (w & 3) * 16, j0 = (w >> 2) * 32;
       float acc[1][4][4];
       zero(acc);
@@ -941,15 +892,12 @@ constexpr bool pass_bv_ok = BV == 32 || BV == 16;
 // from prepare), the block's BV value columns (QT) and the chunk's factor rows (kFac). Offsets in
 // floats. float32 inputs take narrower strides (bank conflicts on some loads) so that two stages
 // fit in shared memory.
-// WU: the W / u form's stage: TB and P in Tinv's and PT's places, and W (QT, C x K) after the
-// factor rows.
-template <int K, typename QT, int BV, bool WU = false>
+template <int K, typename QT, int BV>
 struct PassStage {
   static constexpr int SKK = is_f32<QT> ? K + 4 : K + 8, SVT = is_f32<QT> ? BV + 4 : BV + 8;
   static constexpr int Kk = 0, Tv = Kk + kC * SKK * (int)sizeof(QT) / 4, PTv = Tv + kC * kPS,
                        Vt = PTv + kC * kPS, F = Vt + kC * SVT * (int)sizeof(QT) / 4,
-                       Wt = F + kFacRows * kC,
-                       floats = Wt + (WU ? kC * SKK * (int)sizeof(QT) / 4 : 0);
+                       floats = F + kFacRows * kC;
   static_assert(Tv % 4 == 0 && Vt % 4 == 0 && F % 4 == 0, "16-byte stage rows");
 };
 
@@ -964,10 +912,10 @@ constexpr bool pass_lean = BV == 16 && !is_f32<QT>;
 // then the chunk's queries (one buffer: the next chunk's are copied once this one's are used),
 // the rounded state and the block's intermediates. Offsets in floats; keys(n) .. vals(n): where
 // chunk n's inputs lie. SR: the row stride of the C x BV tiles R and U (4 mod 16: B operands).
-template <int K, typename QT, int BV, bool WU = false>
+template <int K, typename QT, int BV>
 struct PassSmem {
-  using P = PassStage<K, QT, BV, WU>;
-  static constexpr bool lean = pass_lean<K, QT, BV> && !WU;  // the W / u form: two stages
+  using P = PassStage<K, QT, BV>;
+  static constexpr bool lean = pass_lean<K, QT, BV>;
   static constexpr int SQ = is_f32<QT> ? K + 4 : K + 8, SST = is_f32<QT> ? K + 4 : K + 8,
                        SUT = kC + 8, SR = BV + 4;
   static constexpr int KS = kC * P::SKK * (int)sizeof(QT) / 4, FS = kFacRows * kC,
@@ -988,7 +936,6 @@ struct PassSmem {
   __host__ __device__ static constexpr int vals(int n) {
     return lean ? LV : (n & 1) * P::floats + P::Vt;
   }
-  __host__ __device__ static constexpr int wts(int n) { return (n & 1) * P::floats + P::Wt; }
 };
 
 // The chunk recurrence after prepare, one block of 8 warps per (b, hv, BV value columns),
@@ -1012,21 +959,14 @@ struct PassSmem {
 // chunk's inputs are copied (cp.async) while this one computes (lean staging: its keys and
 // factors from the first barrier on, V from the second, Tinv and PT from the third, the latter
 // waited for at the next chunk's second barrier; two blocks an SM).
-// WU (the W / u form, 16-bit inputs, two stages): from prepare's TB, P and W instead of Tinv and
-// PT, each warp forms for its rows and columns W S (where K S was) and u = TB V, then
-// U = u + beta V - W S, writing rt(U) (where R was) and the update's rt(exp(gc_last - gc) U);
-// after the second barrier the update and o = scale (exp(gc) Q S + P rt(U)) side by side: two
-// block barriers a chunk, and two products from one chunk's state to the next instead of three.
-template <int K, typename QT, int BV, bool WU = false>
-__global__ void __launch_bounds__(kThreads + 64, pass_lean<K, QT, BV> && !WU ? 2 : 1)
+template <int K, typename QT, int BV>
+__global__ void __launch_bounds__(kThreads + 64, pass_lean<K, QT, BV> ? 2 : 1)
 mma_pass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restrict__ v,
          const float* __restrict__ tinv, const float* h0, float* state, void* __restrict__ o,
          int T, int H, int HV, int V, float scale, int odt, int NC, const Packed pk) {
   static_assert(pass_bv_ok<BV>, "32 or 16 value columns a block");
-  static_assert(!WU || !is_f32<QT>, "the W / u form: 16-bit inputs");
-  using P = PassStage<K, QT, BV, WU>;
-  using M = PassSmem<K, QT, BV, WU>;
-  constexpr int WS = chunk_ws<K, WU>;  // the workspace's floats a chunk
+  using P = PassStage<K, QT, BV>;
+  using M = PassSmem<K, QT, BV>;
   constexpr bool kHalf = BV == 16;  // K S / Tinv R and Q S / PT R on separate warps
   constexpr int SKK = P::SKK, SQ = M::SQ, SST = M::SST, SUT = M::SUT, SR = M::SR;
   constexpr int NT3 = (K == 128 ? BV : BV / 2) / 8;  // the update's n-tiles a warp
@@ -1053,15 +993,12 @@ mma_pass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restric
     const int t0 = sq.first + n * kC, L = gdn::imin(kC, tend - t0);
     load_tile<kC, K, SKK, NT>(reinterpret_cast<QT*>(sm + M::keys(n)),
                               k + gdn::qk_index(b, t0, h, T, H, K), (long)H * K, L, id);
-    const float* ws = tinv + (sq.crow + n) * WS;
+    const float* ws = tinv + (sq.crow + n) * kChunkWs;
     if constexpr (!M::lean) {  // Tinv and PT (split: Tinv; PT with the queries)
       if (split) load_tile<kC, kC, kPS, NT, true>(sm + M::tinv(n), ws, kC, kC, id);
       else load_tile<2 * kC, kC, kPS, NT, true>(sm + M::tinv(n), ws, kC, 2 * kC, id);
     }
     load_tile<kFacRows, kC, kC, NT, true>(sm + M::facs(n), ws + kFac, kC, kFacRows, id);
-    if constexpr (WU)  // W (rows past the chunk's end are zero: beta is)
-      load_tile<kC, K, SKK, NT>(reinterpret_cast<QT*>(sm + M::wts(n)),
-                                reinterpret_cast<const QT*>(ws + kChunkWs), K, L, id);
     if constexpr (!M::lean)
       load_tile<kC, BV, P::SVT, NT>(reinterpret_cast<QT*>(sm + M::vals(n)),
                                     v + gdn::v_index(b, t0, hv, T, HV, V) + c0, (long)HV * V, L, id);
@@ -1077,13 +1014,13 @@ mma_pass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restric
                                     v + gdn::v_index(b, t0, hv, T, HV, V) + c0, (long)HV * V, L, id);
     else if (split)
       load_tile<kC, kC, kPS, NT, true>(sm + M::tinv(n) + kC * kPS,
-                                       tinv + (sq.crow + n) * WS + kC * kC, kC, kC, id);
+                                       tinv + (sq.crow + n) * kChunkWs + kC * kC, kC, kC, id);
     cp_commit();
   };
   // ... and for lean staging Tinv and PT, a copy group each
   auto issue_t = [&](int n, auto nt, int id) {
     constexpr int NT = decltype(nt)::value;
-    load_tile<2 * kC, kC, kPS, NT, true>(sm + M::tinv(n), tinv + (sq.crow + n) * WS, kC,
+    load_tile<2 * kC, kC, kPS, NT, true>(sm + M::tinv(n), tinv + (sq.crow + n) * kChunkWs, kC,
                                          2 * kC, id);
     cp_commit();
   };
@@ -1112,7 +1049,7 @@ mma_pass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restric
       }
       __syncthreads();  // 2
       if (n + 1 < sq.nc) issue_q(n + 1, nt, id, true);
-      if constexpr (!WU) __syncthreads();  // 3 (none in the W / u form)
+      __syncthreads();  // 3
       if constexpr (M::lean)
         if (n + 1 < sq.nc) issue_t(n + 1, nt, id);
     }
@@ -1161,19 +1098,9 @@ mma_pass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restric
     WB_CLK(3);
     const QT* Kc = reinterpret_cast<const QT*>(sm + M::keys(n));
     const QT* Vc = reinterpret_cast<const QT*>(sm + M::vals(n));
-    const float* Tc = sm + M::tinv(n);  // Tinv, then PT (WU: TB, then P)
-    // W (WU; where the keys are for K S otherwise)
-    const QT* Wc = WU ? reinterpret_cast<const QT*>(sm + M::wts(n)) : Kc;
+    const float* Tc = sm + M::tinv(n);  // Tinv, then PT
     // the chunk's factors: exp(gc) nk, exp(gc) nq, beta, exp(gc_last - gc) nk, exp(gc_last)
     const float *fek = sm + M::facs(n), *feq = fek + kC, *fbt = feq + kC, *fd = fbt + kC;
-    // WU: U's elements (i, c), (i, c + 1): rt(U) where R goes (o's P rt(U)) and the update's
-    // rt(exp(gc_last - gc_i) U), as the other form writes it from Tinv R
-    auto u_rows = [&](int i, int c, float u0, float u1) {
-      *reinterpret_cast<float2*>(Rs + i * SR + c) = make_float2(rtf32(u0), rtf32(u1));
-      const float d = fd[i];
-      Ud[c * SUT + i] = rtf32(d * u0);
-      Ud[(c + 1) * SUT + i] = rtf32(d * u1);
-    };
     float o1[1][2][4];  // exp(gc_i) nq_i (Q S)_i, the inter-chunk part of o
     const float* sbn = Ss + n1 * SST;
     if constexpr (!kHalf) {
@@ -1184,19 +1111,15 @@ mma_pass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restric
       zero(y);
       zero(y2);
       if constexpr (is_f32<QT>) {
-        gemm_pair<2, K / 2, SKK, 1, 1, SST, true, false>(x, y, Wc + r1 * SKK, Qs + r1 * SQ, sbn,
+        gemm_pair<2, K / 2, SKK, 1, 1, SST, true, false>(x, y, Kc + r1 * SKK, Qs + r1 * SQ, sbn,
                                                          0, lane);
         gemm_pair<2, K / 2, SKK, 1, 1, SST, true, false>(
-            x2, y2, Wc + r1 * SKK + K / 2, Qs + r1 * SQ + K / 2, sbn + K / 2, 0, lane);
+            x2, y2, Kc + r1 * SKK + K / 2, Qs + r1 * SQ + K / 2, sbn + K / 2, 0, lane);
       } else {  // 16-bit keys and queries: A fragments by ldmatrix
-        gemm_pair16<2, K / 2, SKK, SST>(x, y, Wc + r1 * SKK, Qs + r1 * SQ, sbn, lane);
-        gemm_pair16<2, K / 2, SKK, SST>(x2, y2, Wc + r1 * SKK + K / 2, Qs + r1 * SQ + K / 2,
+        gemm_pair16<2, K / 2, SKK, SST>(x, y, Kc + r1 * SKK, Qs + r1 * SQ, sbn, lane);
+        gemm_pair16<2, K / 2, SKK, SST>(x2, y2, Kc + r1 * SKK + K / 2, Qs + r1 * SQ + K / 2,
                                         sbn + K / 2, lane);
       }
-      float uu[1][2][4];  // WU: u = TB V (V's raw values; TB strictly lower: depth r1 + 16)
-      zero(uu);
-      if constexpr (WU)
-        gemm_one<2, 0, kPS, 1, P::SVT, 1, false, false>(uu, Tc + r1 * kPS, Vc + n1, r1 + 16, lane);
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf) {
         const int i = r1 + gq + 8 * hf;
@@ -1204,15 +1127,11 @@ mma_pass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restric
 #pragma unroll
         for (int nt = 0; nt < 2; ++nt) {
           const int c = n1 + nt * 8 + 2 * tq;
+          const float2 vv = ld2(Vc + i * P::SVT + c);
           const float k0 = x[0][nt][2 * hf] + x2[0][nt][2 * hf];
           const float k1 = x[0][nt][2 * hf + 1] + x2[0][nt][2 * hf + 1];
-          const float2 vv = ld2(Vc + i * P::SVT + c);
-          if constexpr (WU)  // U = (TB V + beta_i V_i) - W S
-            u_rows(i, c, (uu[0][nt][2 * hf] + bi * vv.x) - k0,
-                   (uu[0][nt][2 * hf + 1] + bi * vv.y) - k1);
-          else
-            *reinterpret_cast<float2*>(Rs + i * SR + c) =
-                make_float2(rtf32(bi * (vv.x - ek * k0)), rtf32(bi * (vv.y - ek * k1)));
+          *reinterpret_cast<float2*>(Rs + i * SR + c) =
+              make_float2(rtf32(bi * (vv.x - ek * k0)), rtf32(bi * (vv.y - ek * k1)));
           o1[0][nt][2 * hf] = eq * (y[0][nt][2 * hf] + y2[0][nt][2 * hf]);
           o1[0][nt][2 * hf + 1] = eq * (y[0][nt][2 * hf + 1] + y2[0][nt][2 * hf + 1]);
         }
@@ -1222,7 +1141,7 @@ mma_pass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restric
       float x[1][2][4], x2[1][2][4];
       zero(x);
       zero(x2);
-      const QT* A = qrole ? Qs + r1 * SQ : Wc + r1 * SKK;
+      const QT* A = qrole ? Qs + r1 * SQ : Kc + r1 * SKK;
       if constexpr (is_f32<QT>) {
         gemm_one<2, K / 2, SKK, 1, 1, SST, true, false>(x, A, sbn, 0, lane);
         gemm_one<2, K / 2, SKK, 1, 1, SST, true, false>(x2, A + K / 2, sbn + K / 2, 0, lane);
@@ -1230,11 +1149,6 @@ mma_pass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restric
         gemm_one16<2, K / 2, SKK, SST>(x, A, sbn, lane);
         gemm_one16<2, K / 2, SKK, SST>(x2, A + K / 2, sbn + K / 2, lane);
       }
-      float uu[1][2][4];  // WU: u = TB V on warps 0-3, as above
-      zero(uu);
-      if constexpr (WU)
-        if (!qrole)
-          gemm_one<2, 0, kPS, 1, P::SVT, 1, false, false>(uu, Tc + r1 * kPS, Vc, r1 + 16, lane);
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf) {
         const int i = r1 + gq + 8 * hf;
@@ -1243,15 +1157,11 @@ mma_pass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restric
 #pragma unroll
           for (int nt = 0; nt < 2; ++nt) {
             const int c = nt * 8 + 2 * tq;
+            const float2 vv = ld2(Vc + i * P::SVT + c);
             const float k0 = x[0][nt][2 * hf] + x2[0][nt][2 * hf];
             const float k1 = x[0][nt][2 * hf + 1] + x2[0][nt][2 * hf + 1];
-            const float2 vv = ld2(Vc + i * P::SVT + c);
-            if constexpr (WU)  // U = (TB V + beta_i V_i) - W S
-              u_rows(i, c, (uu[0][nt][2 * hf] + bi * vv.x) - k0,
-                     (uu[0][nt][2 * hf + 1] + bi * vv.y) - k1);
-            else
-              *reinterpret_cast<float2*>(Rs + i * SR + c) =
-                  make_float2(rtf32(bi * (vv.x - ek * k0)), rtf32(bi * (vv.y - ek * k1)));
+            *reinterpret_cast<float2*>(Rs + i * SR + c) =
+                make_float2(rtf32(bi * (vv.x - ek * k0)), rtf32(bi * (vv.y - ek * k1)));
           }
         } else {
           const float eq = feq[i];
@@ -1276,18 +1186,14 @@ mma_pass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restric
       float u[1][2][4], y[1][2][4];
       zero(u);
       zero(y);
-      if constexpr (WU) {  // o's P rt(U) (U's rows and Ud were written before the barrier)
-        if (!kHalf || qrole)
-          gemm_one<2, 0, kPS, 1, SR, 1, false, false>(y, Tc + (kC + r1) * kPS, Rs + n1, r1 + 16,
-                                                      lane);
-      } else if constexpr (!kHalf)  // sharing R's fragments
+      if constexpr (!kHalf)  // sharing R's fragments
         gemm_pair<2, 0, kPS, 1, SR, 1, false, false>(u, y, Tc + r1 * kPS, Tc + (kC + r1) * kPS,
                                                      Rs + n1, r1 + 16, lane);
       else if (!qrole)
         gemm_one<2, 0, kPS, 1, SR, 1, false, false>(u, Tc + r1 * kPS, Rs, r1 + 16, lane);
       else
         gemm_one<2, 0, kPS, 1, SR, 1, false, false>(y, Tc + (kC + r1) * kPS, Rs, r1 + 16, lane);
-      if (!WU && !qrole) {
+      if (!qrole) {
 #pragma unroll
         for (int hf = 0; hf < 2; ++hf) {
           const int i = r1 + gq + 8 * hf;
@@ -1317,7 +1223,7 @@ mma_pass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restric
       }
     }
     WB_CLK(7);
-    if constexpr (!WU) __syncthreads();  // Ud is complete; every warp is done with Tinv and PT
+    __syncthreads();  // Ud is complete; every warp is done with Tinv and PT
     WB_CLK(8);
     if constexpr (M::lean)
       if (n + 1 < sq.nc && !prod) issue_t(n + 1, All{}, tid);
@@ -1936,23 +1842,21 @@ cudaError_t launch_ppass(const GdnArgs* a, const float* h0, float* state, int se
   }
 }
 
-template <int K, typename QT, int BV, bool WU = false>
+template <int K, typename QT, int BV>
 cudaError_t launch_pass(const GdnArgs* a, const float* h0, float* state, int seqs, int NC,
                         const Packed& pk, cudaStream_t s) {
-  using M = PassSmem<K, QT, BV, WU>;
-  constexpr size_t bytes = sizeof(float) * M::floats;
+  constexpr size_t bytes = sizeof(float) * PassSmem<K, QT, BV>::floats;
   static_assert(bytes <= 227 * 1024, "the shared-memory pass's shared memory");
   // lean staging: two blocks an SM (228 KiB an SM, 1 KiB of it reserved a block)
-  static_assert(!M::lean || 2 * (bytes + 1024) <= 228 * 1024, "two blocks an SM");
-  cudaError_t err = allow_smem(mma_pass<K, QT, BV, WU>, bytes);
+  static_assert(!pass_lean<K, QT, BV> || 2 * (bytes + 1024) <= 228 * 1024, "two blocks an SM");
+  cudaError_t err = allow_smem(mma_pass<K, QT, BV>, bytes);
   if (err != cudaSuccess) return err;
-  if constexpr (M::lean)  // all of the SM's on-chip memory as shared memory: 2 blocks
-    err = cudaFuncSetAttribute(mma_pass<K, QT, BV, WU>,
-                               cudaFuncAttributePreferredSharedMemoryCarveout,
+  if constexpr (pass_lean<K, QT, BV>)  // all of the SM's on-chip memory as shared memory: 2 blocks
+    err = cudaFuncSetAttribute(mma_pass<K, QT, BV>, cudaFuncAttributePreferredSharedMemoryCarveout,
                                (int)cudaSharedmemCarveoutMaxShared);
   if (err != cudaSuccess) return err;
   const dim3 grid(seqs * a->HV, a->V / BV);
-  WB_LAUNCH(grid, kThreads + 32 * copy_producers(), bytes, s, mma_pass<K, QT, BV, WU>)(
+  WB_LAUNCH(grid, kThreads + 32 * copy_producers(), bytes, s, mma_pass<K, QT, BV>)(
       static_cast<const QT*>(a->q), static_cast<const QT*>(a->k), static_cast<const QT*>(a->v),
       a->tinv, h0, state, a->o, a->T, a->H, a->HV, a->V, a->scale, a->o_dtype, NC, pk);
   return cudaSuccess;
@@ -1970,6 +1874,7 @@ cudaError_t launch_chunks(const GdnArgs* a, const float* h0, float* state, int s
   const size_t s1 = sizeof(float) * PrepSmem<K, QT>::floats;
   const int HV = a->HV, V = a->V;
   cudaError_t err;
+  if ((err = allow_smem(mma_prepare<K, QT>, s1)) != cudaSuccess) return err;
   // prepare: a block per chunk and key head, for its HV / H value heads (packed: the launch's
   // NC = pk.nc chunks, all sequences)
   // (WORKBENCH_GDN_MMA_PREPARE=value-head: a block per value head, for the A/B)
@@ -1978,31 +1883,12 @@ cudaError_t launch_chunks(const GdnArgs* a, const float* h0, float* state, int s
   const int hvs = pe && !strcmp(pe, "value-head") ? 1 : HV / a->H;
   const char* se = getenv("WORKBENCH_GDN_MMA_SOLVE");  // full: every block of the substitution
   const int skip = !(se && !strcmp(se, "full"));
-  const int nw = pass_plan(seqs * HV, V, is_f32<QT>, sm_count());
-  // WORKBENCH_GDN_MMA_FORM=wu: the W / u form (chunk_ws) where the shared-memory passes run on
-  // bf16 inputs (A/Bs; the workspace the caller gives is sized for it: ext.py)
-  constexpr bool kWuType = std::is_same<QT, __nv_bfloat16>::value;
-  const char* fe = getenv("WORKBENCH_GDN_MMA_FORM");
-  const bool wu = kWuType && (nw == 0 || nw == 1) && fe && !strcmp(fe, "wu");
-  auto prepare = [&](auto wu_c) -> cudaError_t {
-    constexpr bool WU = decltype(wu_c)::value;
-    cudaError_t e = allow_smem(mma_prepare<K, QT, WU>, s1);
-    if (e != cudaSuccess) return e;
-    WB_LAUNCH(chunks * (HV / hvs), kThreads, s1, s, mma_prepare<K, QT, WU>)(
-        q, k, a->g, a->beta, a->nq, a->nk, a->tinv, a->T, a->H, HV, NC, hvs, skip, pk);
-    return cudaSuccess;
-  };
   // a launch of only empty sequences has no chunk to prepare; its pass still copies h0 (or zeros)
   // into their final states
-  if (chunks > 0) {
-    if constexpr (kWuType) err = wu ? prepare(std::true_type{}) : prepare(std::false_type{});
-    else err = prepare(std::false_type{});
-    if (err != cudaSuccess) return err;
-  }
-  if constexpr (kWuType)
-    if (wu)
-      return nw == 0 ? launch_pass<K, QT, 32, true>(a, h0, state, seqs, NC, pk, s)
-                     : launch_pass<K, QT, 16, true>(a, h0, state, seqs, NC, pk, s);
+  if (chunks > 0)
+    WB_LAUNCH(chunks * (HV / hvs), kThreads, s1, s, mma_prepare<K, QT>)(
+        q, k, a->g, a->beta, a->nq, a->nk, a->tinv, a->T, a->H, HV, NC, hvs, skip, pk);
+  const int nw = pass_plan(seqs * HV, V, is_f32<QT>, sm_count());
   if (nw == 0) return launch_pass<K, QT, 32>(a, h0, state, seqs, NC, pk, s);
   if (nw == 1) return launch_pass<K, QT, 16>(a, h0, state, seqs, NC, pk, s);
   if (nw & kPair)
@@ -2116,8 +2002,7 @@ int gdn_mma_clocks(unsigned long long* out) {
 // Tensor-core chunked prefill (chunk 64, fp32 accumulators, tf32 operands). q, k, v: float32
 // (in_dtype 0), bf16 (1) or fp16 (2), all three alike; g, beta float32. Workspace: tinv, each
 // chunk's (I + A)^-1, P (I + A)^-1 and factor rows [B,HV,NC,gdn_mma_chunk_workspace()] (NC =
-// ceil(T / 64); with WORKBENCH_GDN_MMA_FORM=wu 32 K floats more a chunk: chunk_ws, W in bf16;
-// ext.mma_chunk_ws), float32, provided by the caller (gcum, W and U are not used); nq, nk
+// ceil(T / 64)), float32, provided by the caller (gcum, W and U are not used); nq, nk
 // [B,T,H] float32 for the L2 norm of q and k (qk_l2norm; computed here), or both null for none.
 // o_dtype: 0 float32, 1 bf16, 2 fp16 (o's element type); GdnArgs.chunk is 64. Returns WB_OK, a
 // cudaError_t code, WB_ERR_SHAPE for a shape gdn_chunked_mma_supported refuses, or

@@ -30,7 +30,6 @@ the same pass); every other path runs each sequence alone (``_varlen.per_sequenc
 from __future__ import annotations
 
 import ctypes
-import os
 from functools import lru_cache
 from typing import NamedTuple
 
@@ -174,13 +173,6 @@ PACKED_LAUNCH = 128  # sequences a packed launch of the mma path takes (kSeqs in
 # floats of one chunk's workspace on the mma path (kChunkWs in gdn_mma.cu): Tinv and PT, 64 x 64
 # each, then five rows of 64 per-position factors for the passes
 MMA_CHUNK_WS = 2 * 64 * 64 + 5 * 64
-
-
-def mma_chunk_ws(K: int) -> int:
-    """Floats of one chunk's workspace the mma path's launcher may use at key dimension K: with
-    ``WORKBENCH_GDN_MMA_FORM=wu`` (the W / u form, an A/B variable; chunk_ws in gdn_mma.cu) W
-    follows the factor rows, C x K in bf16 (K / 2 floats a row)."""
-    return MMA_CHUNK_WS + (64 * K // 2 if os.environ.get("WORKBENCH_GDN_MMA_FORM") == "wu" else 0)
 
 
 def mma_packed_launches(cu_seqlens) -> list[dict]:
@@ -375,15 +367,13 @@ def _launch_mma(lib, a, s, C, acc64, tensors, o, qk_l2norm, cu_seqlens=None):
             f"q, k, v: the mma path reads one of {list(MMA_IN)} for all three, got "
             f"{[x.dtype for x in tensors[:3]]}", key="q")
     # workspace: each chunk's (I + A)^-1, P (I + A)^-1 and the passes' factor rows (tinv; a packed
-    # batch's sequences are chunked from their own first tokens; W too in the W / u form:
-    # mma_chunk_ws); the L2-norm factors of the q and
+    # batch's sequences are chunked from their own first tokens); the L2-norm factors of the q and
     # k rows (computed by the kernels), or none
     f32 = dict(dtype=torch.float32, device=q.device)
     if cu_seqlens is None:
-        tinv = torch.empty(s.B, s.HV, -(-s.T // 64), mma_chunk_ws(s.K), **f32)
+        tinv = torch.empty(s.B, s.HV, -(-s.T // 64), MMA_CHUNK_WS, **f32)
     else:
-        tinv = torch.empty(s.HV, mma_packed_workspace_chunks(cu_seqlens), mma_chunk_ws(s.K),
-                           **f32)
+        tinv = torch.empty(s.HV, mma_packed_workspace_chunks(cu_seqlens), MMA_CHUNK_WS, **f32)
     ws = [tinv]
     if qk_l2norm:
         ws += [torch.empty(s.B, s.T, s.H, **f32) for _ in range(2)]
