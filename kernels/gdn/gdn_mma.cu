@@ -786,7 +786,8 @@ __global__ void __launch_bounds__(kThreads, 2)
 mma_prepare(const QT* __restrict__ q, const QT* __restrict__ k, const float* __restrict__ g,
             const float* __restrict__ beta, const float* __restrict__ nq,
             const float* __restrict__ nk, float* __restrict__ tinv, int T, int H, int HV, int NC,
-            int hvs, int skip, int cmajor, unsigned* __restrict__ ready, const Packed pk) {
+            int hvs, int skip, int cmajor, unsigned* __restrict__ ready, int late,
+            const Packed pk) {
   using S = PrepSmem<K, QT>;
   constexpr int SK = S::SK;
   WB_CLK_INIT(0);
@@ -840,7 +841,8 @@ mma_prepare(const QT* __restrict__ q, const QT* __restrict__ k, const float* __r
   }
   cp_wait<0>();
   __syncthreads();
-  if (ready) launch_dependents();  // the rows' marks are cleared (the barrier orders them)
+  // the rows' marks are cleared (the barrier orders them); late: once the value heads are done
+  if (ready && !late) launch_dependents();
   WB_CLK(0);
   // the raw products, kept for every value head: K K^T at rows ia.., columns na.. (zero tiles
   // above the diagonal blocks are not formed), Q K^T (warps 2-7) at rows ip.., columns jp..
@@ -961,6 +963,7 @@ mma_prepare(const QT* __restrict__ q, const QT* __restrict__ k, const float* __r
     WB_CLK(10);
     WB_CLK_COUNT();
   }
+  if (ready && late) launch_dependents();
 }
 
 // ------------------------------------------------------------------------------- the pass
@@ -1977,6 +1980,7 @@ cudaError_t launch_chunks(const GdnArgs* a, const float* h0, float* state, int s
   // prepare's blocks chunk-minor (as before 2026-12-06); =order: after it ends, chunk-major
   const char* pe2 = getenv("WORKBENCH_GDN_MMA_PDL");
   const bool off = pe2 && !strcmp(pe2, "off"), order_only = pe2 && !strcmp(pe2, "order");
+  const int late = pe2 && !strcmp(pe2, "late");  // prepare's blocks let the pass launch at their end
   unsigned* ready =
       !off && !order_only && a->ready && nw <= 1 && copy_producers() > 0 && chunks > 0 ? a->ready
                                                                                       : nullptr;
@@ -1985,7 +1989,7 @@ cudaError_t launch_chunks(const GdnArgs* a, const float* h0, float* state, int s
   if (chunks > 0)
     WB_LAUNCH(chunks * (HV / hvs), kThreads, s1, s, mma_prepare<K, QT>)(
         q, k, a->g, a->beta, a->nq, a->nk, a->tinv, a->T, a->H, HV, NC, hvs, skip, off ? 0 : 1,
-        ready, pk);
+        ready, late, pk);
   if (nw == 0) return launch_pass<K, QT, 32>(a, h0, state, seqs, NC, pk, s, ready);
   if (nw == 1) return launch_pass<K, QT, 16>(a, h0, state, seqs, NC, pk, s, ready);
   if (nw & kPair)
