@@ -828,8 +828,11 @@ mma_prepare(const QT* __restrict__ q, const QT* __restrict__ k, const float* __r
   }
   const int h = hv0 / (HV / H);
   const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, gq = lane >> 2, tq = lane & 3;
-  // this block's rows not ready (a mark of an earlier call cleared) before the pass may launch
-  if (ready && tid < hvs) clear_ready(ready + row0 + (long)(hv0 + tid) * hstride);
+  // this block's rows not ready (a mark of an earlier call cleared) before the pass may launch;
+  // by warp 7 (its fences off warp 0's gate scan, which leads each value head)
+  constexpr int kMarker = kThreads - 32;
+  if (ready && tid >= kMarker && tid < kMarker + hvs)
+    clear_ready(ready + row0 + (long)(hv0 + tid - kMarker) * hstride);
   load_tile<kC, K, SK>(Ks, k + gdn::qk_index(b, t0, h, T, H, K), (long)H * K, L, tid);
   load_tile<kC, K, SK>(Qs, q + gdn::qk_index(b, t0, h, T, H, K), (long)H * K, L, tid);
   cp_commit();
@@ -959,7 +962,9 @@ mma_prepare(const QT* __restrict__ q, const QT* __restrict__ k, const float* __r
     }
     WB_CLK(9);
     __syncthreads();  // the next value head overwrites gc, beta, A, Tinv and P
-    if (ready && tid == 0) mark_ready(ready + row0 + (long)hv * hstride);  // the row is written
+    // the row is written (its fence on warp 7: warp 0 goes on to the next value head's gates,
+    // warps 2-7 wait for them at the next barrier)
+    if (ready && tid == kMarker) mark_ready(ready + row0 + (long)hv * hstride);
     WB_CLK(10);
     WB_CLK_COUNT();
   }
@@ -1945,8 +1950,15 @@ cudaError_t launch_pass(const GdnArgs* a, const float* h0, float* state, int seq
                                (int)cudaSharedmemCarveoutMaxShared);
   if (err != cudaSuccess) return err;
   const dim3 grid(seqs * a->HV, a->V / BV);
-  // ready: launched beside prepare's last blocks, its copying warps waiting for each row's mark
-  return WB_LAUNCH_PDL(grid, kThreads + 32 * copy_producers(), bytes, s, ready != nullptr,
+  // ready: launched beside prepare's last blocks, its copying warps waiting for each row's mark.
+  // Lean blocks then land where prepare's blocks end first, two an SM while other SMs idle: where
+  // the grid fits on the SMs one a block, it asks for more than half an SM's shared memory
+  // (still room for one of prepare's blocks beside it)
+  size_t ask = bytes;
+  if (pass_lean<K, QT, BV> && ready && (long)grid.x * grid.y <= sm_count())
+    ask = bytes > 116 * 1024 ? bytes : 116 * 1024;
+  if (ask != bytes && (err = allow_smem(mma_pass<K, QT, BV>, ask)) != cudaSuccess) return err;
+  return WB_LAUNCH_PDL(grid, kThreads + 32 * copy_producers(), ask, s, ready != nullptr,
                        mma_pass<K, QT, BV>)(
       static_cast<const QT*>(a->q), static_cast<const QT*>(a->k), static_cast<const QT*>(a->v),
       a->tinv, h0, state, a->o, a->T, a->H, a->HV, a->V, a->scale, a->o_dtype, NC,
