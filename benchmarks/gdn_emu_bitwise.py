@@ -108,10 +108,7 @@ def run(lib, x, qk_l2norm, out, cu=None, h0=None):
     if qk_l2norm:
         ws += [torch.empty(s.B, s.T, s.H) for _ in range(2)]
         a.nq, a.nk = ws[2].data_ptr(), ws[3].data_ptr()
-    # the rows' ready marks (GdnArgs.ready, 2026-12-06; a build before it reads no such field):
-    # not marks at first, so that the pass's checks that prepare marked each row it reads run
-    ws.append(torch.full((ws[0].numel() // ext.MMA_CHUNK_WS,), 7, dtype=torch.int32))
-    a.tinv, a.gcum, a.ready = ws[0].data_ptr(), ws[1].data_ptr(), ws[-1].data_ptr()
+    a.tinv, a.gcum = ws[0].data_ptr(), ws[1].data_ptr()
     a.in_dtype, a.o_dtype = ext.MMA_IN[t[0].dtype], ext.MMA_OUT[out]
     if cu is None:
         rc = lib.gdn_chunked_mma_cuda(ctypes.byref(a))

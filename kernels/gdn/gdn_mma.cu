@@ -55,40 +55,12 @@
 #ifdef WB_MMA_EMU
 // the host emulation of the CUDA built-ins and PTX below, for CPU tests (gdn_mma_emu.cpp)
 #include "common/cuda_emu.h"
-// blocks one after another, kernels one after another: a dependent launch is an ordinary one
-#define WB_LAUNCH_PDL(g, b, m, s, pdl, ...) \
-  ([&](auto&&... args) { WB_LAUNCH(g, b, m, s, __VA_ARGS__)(args...); return cudaSuccess; })
 #else
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #define WB_LAUNCH(g, b, m, s, ...) __VA_ARGS__<<<g, b, m, s>>>
 #define WB_DYNAMIC_SMEM(T, name) extern __shared__ T name[]
-// a launch that may begin before the stream's previous kernel ends (pdl: programmatic dependent
-// launch; that kernel's blocks run launch_dependents), else an ordinary one
-template <typename... P>
-struct PdlLaunch {
-  void (*kernel)(P...);
-  dim3 grid, block;
-  size_t smem;
-  cudaStream_t stream;
-  bool pdl;
-  template <typename... A>
-  cudaError_t operator()(A&&... args) const {
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = grid, cfg.blockDim = block, cfg.dynamicSmemBytes = smem, cfg.stream = stream;
-    cudaLaunchAttribute at[1];
-    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = at, cfg.numAttrs = pdl ? 1 : 0;
-    return cudaLaunchKernelEx(&cfg, kernel, static_cast<P>(args)...);
-  }
-};
-template <typename... P>
-PdlLaunch<P...> pdl_launch(void (*k)(P...), dim3 g, dim3 b, size_t m, cudaStream_t s, bool pdl) {
-  return PdlLaunch<P...>{k, g, b, m, s, pdl};
-}
-#define WB_LAUNCH_PDL(g, b, m, s, pdl, ...) pdl_launch(__VA_ARGS__, g, b, m, s, pdl)
 #endif
 #include <stdint.h>
 #include <stdlib.h>
@@ -611,49 +583,6 @@ __device__ __forceinline__ int packed_seq_of_chunk(const Packed& pk, int c) {
   return lo;
 }
 
-// ------------------------------------------------------------- the pass beside prepare's tail
-
-// The shared-memory pass may start while prepare's last blocks run (programmatic dependent launch,
-// WORKBENCH_GDN_MMA_PDL): prepare marks each workspace row ready (one word a chunk and value head,
-// GdnArgs.ready) once it is written, and the pass's copying warps wait for a row's mark before
-// they copy it. Each prepare block zeroes its own rows' marks before it lets the pass launch
-// (launch_dependents, after every block has either run it or ended), so no mark of an earlier
-// call is read and every block the pass may wait for is already running: no deadlock.
-#ifdef WB_MMA_EMU
-// the emulation runs prepare's blocks to their end before the pass: a mark not set is a bug
-__device__ __forceinline__ void launch_dependents() {}
-__device__ __forceinline__ void mark_ready(unsigned* f) { *f = 1u; }
-__device__ __forceinline__ void clear_ready(unsigned* f) { *f = 0u; }
-__device__ __forceinline__ void wait_ready(const unsigned* f) {
-  if (*f != 1u) ::wbemu::fail(::wbemu::cur(), "the pass read a workspace row prepare did not mark ready");
-}
-#else
-__device__ __forceinline__ void launch_dependents() {
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-}
-// after a block barrier: every thread's workspace stores of the row before the mark (release at
-// GPU scope, cumulative over what the barrier ordered)
-__device__ __forceinline__ void mark_ready(unsigned* f) {
-  __threadfence();
-  asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(f), "r"(1u) : "memory");
-}
-__device__ __forceinline__ void clear_ready(unsigned* f) {
-  *reinterpret_cast<volatile unsigned*>(f) = 0u;
-  __threadfence();
-}
-// each copying thread acquires the mark itself, so its copies of the row follow it; a mark never
-// set (a bug) traps after about a second instead of hanging the GPU
-__device__ __forceinline__ void wait_ready(const unsigned* f) {
-  unsigned v;
-  for (long spins = 0;; ++spins) {
-    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(f) : "memory");
-    if (v == 1u) return;
-    if (spins > (1L << 24)) __trap();
-    __nanosleep(64);
-  }
-}
-#endif
-
 // ---------------------------------------------------------------------------- q, k L2 norms
 
 // Row (b, t, h) of the per-row arrays nq, nk [B, T, H].
@@ -786,8 +715,7 @@ __global__ void __launch_bounds__(kThreads, 2)
 mma_prepare(const QT* __restrict__ q, const QT* __restrict__ k, const float* __restrict__ g,
             const float* __restrict__ beta, const float* __restrict__ nq,
             const float* __restrict__ nk, float* __restrict__ tinv, int T, int H, int HV, int NC,
-            int hvs, int skip, int cmajor, unsigned* __restrict__ ready, int late,
-            const Packed pk) {
+            int hvs, int skip, const Packed pk) {
   using S = PrepSmem<K, QT>;
   constexpr int SK = S::SK;
   WB_CLK_INIT(0);
@@ -807,32 +735,20 @@ mma_prepare(const QT* __restrict__ q, const QT* __restrict__ k, const float* __r
   // A/B), the group x of HV / hvs: block x = (b HV / hvs + x) NC + chunk, or packed
   // x pk.nc + chunk (NC = pk.nc); the workspace row of value head hv: (b HV + hv) NC + chunk, or
   // packed hv pk.nc + chunk
-  // cmajor: the blocks in chunk-major order (block x = chunk (B HV / hvs) + b HV / hvs + group,
-  // or packed chunk HV / hvs + group), so that the first chunks of every head are prepared first
-  // and the pass, launched beside prepare's last blocks, finds its first chunks ready
   const int groups = HV / hvs;
   int b, hv0, t0, L, row0, hstride;
   if (pk.n == 0) {
-    const int nb = gridDim.x / NC;  // B HV / hvs
-    const int bx = cmajor ? blockIdx.x % nb : blockIdx.x / NC;
-    const int n = cmajor ? blockIdx.x / nb : blockIdx.x % NC;
+    const int bx = blockIdx.x / NC, n = blockIdx.x % NC;
     b = bx / groups, hv0 = (bx % groups) * hvs, t0 = n * kC, L = gdn::imin(kC, T - t0);
     row0 = b * HV * NC + n, hstride = NC;
   } else {
-    const int c = cmajor ? blockIdx.x / groups : blockIdx.x % pk.nc;
-    const int i = packed_seq_of_chunk(pk, c);
-    b = 0, hv0 = (cmajor ? blockIdx.x % groups : blockIdx.x / pk.nc) * hvs;
-    t0 = pk.tok[i] + (c - pk.chk[i]) * kC;
+    const int c = blockIdx.x % pk.nc, i = packed_seq_of_chunk(pk, c);
+    b = 0, hv0 = (blockIdx.x / pk.nc) * hvs, t0 = pk.tok[i] + (c - pk.chk[i]) * kC;
     L = gdn::imin(kC, pk.tok[i + 1] - t0);
     row0 = c, hstride = pk.nc;
   }
   const int h = hv0 / (HV / H);
   const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, gq = lane >> 2, tq = lane & 3;
-  // this block's rows not ready (a mark of an earlier call cleared) before the pass may launch;
-  // by warp 7 (its fences off warp 0's gate scan, which leads each value head)
-  constexpr int kMarker = kThreads - 32;
-  if (ready && tid >= kMarker && tid < kMarker + hvs)
-    clear_ready(ready + row0 + (long)(hv0 + tid - kMarker) * hstride);
   load_tile<kC, K, SK>(Ks, k + gdn::qk_index(b, t0, h, T, H, K), (long)H * K, L, tid);
   load_tile<kC, K, SK>(Qs, q + gdn::qk_index(b, t0, h, T, H, K), (long)H * K, L, tid);
   cp_commit();
@@ -844,8 +760,6 @@ mma_prepare(const QT* __restrict__ q, const QT* __restrict__ k, const float* __r
   }
   cp_wait<0>();
   __syncthreads();
-  // the rows' marks are cleared (the barrier orders them); late: once the value heads are done
-  if (ready && !late) launch_dependents();
   WB_CLK(0);
   // the raw products, kept for every value head: K K^T at rows ia.., columns na.. (zero tiles
   // above the diagonal blocks are not formed), Q K^T (warps 2-7) at rows ip.., columns jp..
@@ -962,13 +876,9 @@ mma_prepare(const QT* __restrict__ q, const QT* __restrict__ k, const float* __r
     }
     WB_CLK(9);
     __syncthreads();  // the next value head overwrites gc, beta, A, Tinv and P
-    // the row is written (its fence on warp 7: warp 0 goes on to the next value head's gates,
-    // warps 2-7 wait for them at the next barrier)
-    if (ready && tid == kMarker) mark_ready(ready + row0 + (long)hv * hstride);
     WB_CLK(10);
     WB_CLK_COUNT();
   }
-  if (ready && late) launch_dependents();
 }
 
 // ------------------------------------------------------------------------------- the pass
@@ -1053,8 +963,7 @@ template <int K, typename QT, int BV>
 __global__ void __launch_bounds__(kThreads + 64, pass_lean<K, QT, BV> ? 2 : 1)
 mma_pass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restrict__ v,
          const float* __restrict__ tinv, const float* h0, float* state, void* __restrict__ o,
-         int T, int H, int HV, int V, float scale, int odt, int NC,
-         const unsigned* __restrict__ ready, const Packed pk) {
+         int T, int H, int HV, int V, float scale, int odt, int NC, const Packed pk) {
   static_assert(pass_bv_ok<BV>, "32 or 16 value columns a block");
   using P = PassStage<K, QT, BV>;
   using M = PassSmem<K, QT, BV>;
@@ -1084,9 +993,6 @@ mma_pass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restric
     const int t0 = sq.first + n * kC, L = gdn::imin(kC, tend - t0);
     load_tile<kC, K, SKK, NT>(reinterpret_cast<QT*>(sm + M::keys(n)),
                               k + gdn::qk_index(b, t0, h, T, H, K), (long)H * K, L, id);
-    // (ready: the pass beside prepare's tail; the chunk's row is copied here first, then with
-    // the queries and in issue_t, by the same threads, in this order)
-    if (ready) wait_ready(ready + sq.crow + n);
     const float* ws = tinv + (sq.crow + n) * kChunkWs;
     if constexpr (!M::lean) {  // Tinv and PT (split: Tinv; PT with the queries)
       if (split) load_tile<kC, kC, kPS, NT, true>(sm + M::tinv(n), ws, kC, kC, id);
@@ -1938,7 +1844,7 @@ cudaError_t launch_ppass(const GdnArgs* a, const float* h0, float* state, int se
 
 template <int K, typename QT, int BV>
 cudaError_t launch_pass(const GdnArgs* a, const float* h0, float* state, int seqs, int NC,
-                        const Packed& pk, cudaStream_t s, unsigned* ready) {
+                        const Packed& pk, cudaStream_t s) {
   constexpr size_t bytes = sizeof(float) * PassSmem<K, QT, BV>::floats;
   static_assert(bytes <= 227 * 1024, "the shared-memory pass's shared memory");
   // lean staging: two blocks an SM (228 KiB an SM, 1 KiB of it reserved a block)
@@ -1950,19 +1856,10 @@ cudaError_t launch_pass(const GdnArgs* a, const float* h0, float* state, int seq
                                (int)cudaSharedmemCarveoutMaxShared);
   if (err != cudaSuccess) return err;
   const dim3 grid(seqs * a->HV, a->V / BV);
-  // ready: launched beside prepare's last blocks, its copying warps waiting for each row's mark.
-  // Lean blocks then land where prepare's blocks end first, two an SM while other SMs idle: where
-  // the grid fits on the SMs one a block, it asks for more than half an SM's shared memory
-  // (still room for one of prepare's blocks beside it)
-  size_t ask = bytes;
-  if (pass_lean<K, QT, BV> && ready && (long)grid.x * grid.y <= sm_count())
-    ask = bytes > 116 * 1024 ? bytes : 116 * 1024;
-  if (ask != bytes && (err = allow_smem(mma_pass<K, QT, BV>, ask)) != cudaSuccess) return err;
-  return WB_LAUNCH_PDL(grid, kThreads + 32 * copy_producers(), ask, s, ready != nullptr,
-                       mma_pass<K, QT, BV>)(
+  WB_LAUNCH(grid, kThreads + 32 * copy_producers(), bytes, s, mma_pass<K, QT, BV>)(
       static_cast<const QT*>(a->q), static_cast<const QT*>(a->k), static_cast<const QT*>(a->v),
-      a->tinv, h0, state, a->o, a->T, a->H, a->HV, a->V, a->scale, a->o_dtype, NC,
-      (const unsigned*)ready, pk);
+      a->tinv, h0, state, a->o, a->T, a->H, a->HV, a->V, a->scale, a->o_dtype, NC, pk);
+  return cudaSuccess;
 }
 
 // prepare and the pass over seqs sequences of NC chunks at most: a plain batch (pk.n = 0, seqs =
@@ -1986,24 +1883,14 @@ cudaError_t launch_chunks(const GdnArgs* a, const float* h0, float* state, int s
   const int hvs = pe && !strcmp(pe, "value-head") ? 1 : HV / a->H;
   const char* se = getenv("WORKBENCH_GDN_MMA_SOLVE");  // full: every block of the substitution
   const int skip = !(se && !strcmp(se, "full"));
-  const int nw = pass_plan(seqs * HV, V, is_f32<QT>, sm_count());
-  // the shared-memory passes with copying warps start beside prepare's last blocks where the
-  // caller gives the rows' marks (GdnArgs.ready); WORKBENCH_GDN_MMA_PDL=off: after prepare ends,
-  // prepare's blocks chunk-minor (as before 2026-12-06); =order: after it ends, chunk-major
-  const char* pe2 = getenv("WORKBENCH_GDN_MMA_PDL");
-  const bool off = pe2 && !strcmp(pe2, "off"), order_only = pe2 && !strcmp(pe2, "order");
-  const int late = pe2 && !strcmp(pe2, "late");  // prepare's blocks let the pass launch at their end
-  unsigned* ready =
-      !off && !order_only && a->ready && nw <= 1 && copy_producers() > 0 && chunks > 0 ? a->ready
-                                                                                      : nullptr;
   // a launch of only empty sequences has no chunk to prepare; its pass still copies h0 (or zeros)
   // into their final states
   if (chunks > 0)
     WB_LAUNCH(chunks * (HV / hvs), kThreads, s1, s, mma_prepare<K, QT>)(
-        q, k, a->g, a->beta, a->nq, a->nk, a->tinv, a->T, a->H, HV, NC, hvs, skip, off ? 0 : 1,
-        ready, late, pk);
-  if (nw == 0) return launch_pass<K, QT, 32>(a, h0, state, seqs, NC, pk, s, ready);
-  if (nw == 1) return launch_pass<K, QT, 16>(a, h0, state, seqs, NC, pk, s, ready);
+        q, k, a->g, a->beta, a->nq, a->nk, a->tinv, a->T, a->H, HV, NC, hvs, skip, pk);
+  const int nw = pass_plan(seqs * HV, V, is_f32<QT>, sm_count());
+  if (nw == 0) return launch_pass<K, QT, 32>(a, h0, state, seqs, NC, pk, s);
+  if (nw == 1) return launch_pass<K, QT, 16>(a, h0, state, seqs, NC, pk, s);
   if (nw & kPair)
     return nw == (kPair | 8)   ? launch_ppass<K, QT, 4>(a, h0, state, seqs, NC, pk, s)
            : nw == (kPair | 4) ? launch_ppass<K, QT, 2>(a, h0, state, seqs, NC, pk, s)

@@ -202,55 +202,6 @@ def test_emulated_packed_batch_equals_sequences_alone(mma_pass, monkeypatch):
     assert torch.equal(s[0], h0[0]) and torch.equal(s[4], h0[4])  # empty sequences: as given
 
 
-@pytest.mark.parametrize("mma_pass", ["smem", "smem16"])
-def test_emulated_pass_beside_prepare_reads_only_marked_rows(mma_pass, monkeypatch):
-    """The shared-memory passes may start beside prepare's last blocks (WORKBENCH_GDN_MMA_PDL, on
-    by default): prepare marks each workspace row ready once written, and the pass's copying
-    warps check the mark of every row before they copy it (the emulation runs prepare to its end
-    first, so a row read unmarked fails the launch; the marks start as garbage). A plain batch and
-    a packed one (empty and one-token sequences) with one or two copying warps: the same bits as
-    with prepare's blocks chunk-major after it ends (=order) and as before both (=off)."""
-    x = make_inputs(2, 150, 2, 4, 128, 64, dtype=torch.bfloat16, state=True, seed=5)
-    for copy in ("two", "producer"):
-        monkeypatch.setenv("WORKBENCH_GDN_MMA_COPY", copy)
-        for value in ("off", "order"):
-            same_bits_with(x, "WORKBENCH_GDN_MMA_PDL", value, monkeypatch, mma_pass)
-    monkeypatch.delenv("WORKBENCH_GDN_MMA_COPY")
-    p = packed_inputs([0, 1, 67, 0, 130, 64], H=1, HV=2, K=64, V=64, dtype=torch.bfloat16, seed=9)
-    cu, h0 = p.pop("cu_seqlens"), p.pop("initial_state")
-    on = run(p, mma_pass, monkeypatch, initial_state=h0, cu_seqlens=cu, output_dtype=torch.float32)
-    monkeypatch.setenv("WORKBENCH_GDN_MMA_PDL", "off")
-    off = run(p, mma_pass, monkeypatch, initial_state=h0, cu_seqlens=cu, output_dtype=torch.float32)
-    assert torch.isfinite(on[0]).all() and torch.equal(on[0], off[0]) and torch.equal(on[1], off[1])
-
-
-@pytest.mark.slow
-def test_emulated_pass_beside_prepare_catches_an_unmarked_row(tmp_path, monkeypatch):
-    """The check above is not vacuous: gdn_mma.cu with prepare's marks taken out, built under the
-    emulation, fails the launch and says why (a row read before prepare marked it)."""
-    import ctypes
-    import subprocess
-
-    from workbench.errors import BackendUnavailableError
-    src = (_native.source_dir() / "gdn" / "gdn_mma.cu").read_text()
-    mark = "    if (ready && tid == 0) mark_ready(ready + row0 + (long)hv * hstride);"
-    assert src.count(mark) == 1
-    (tmp_path / "gdn").mkdir()
-    (tmp_path / "gdn" / "gdn_mma.cu").write_text(src.replace(mark, ""))
-    (tmp_path / "emu.cpp").write_text((_native.source_dir() / "gdn" / "gdn_mma_emu.cpp").read_text())
-    out = tmp_path / "mutant.so"
-    cmd = _native._command("cpu", [tmp_path / "emu.cpp"], out, [f"-I{tmp_path}", "-O1"])
-    cmd.insert(1, f"-I{tmp_path}")
-    subprocess.run(cmd, check=True, capture_output=True)
-    lib = mma_emu.library(ctypes.CDLL(str(out)))
-    x = make_inputs(1, 70, 1, 2, 64, 64, dtype=torch.bfloat16, state=True, seed=7)
-    with pytest.raises(BackendUnavailableError, match="did not mark ready"):
-        run(x, "smem", monkeypatch, lib=lib)
-    monkeypatch.setenv("WORKBENCH_GDN_MMA_PDL", "off")  # no marks read: the mutant runs
-    ro, _ = oracle.chunked(**x, qk_l2norm=True)
-    assert workbench.compare(ro, run(x, "smem", monkeypatch, lib=lib)[0]).rel_l2 <= 5e-3
-
-
 @pytest.mark.parametrize("mma_pass", PASSES)
 def test_emulated_schedules_change_nothing(mma_pass, monkeypatch):
     """Warps drifting apart between barriers (WB_EMU_SCHED=skew) and copies landing at issue
@@ -345,47 +296,6 @@ def test_emulation_matches_the_gpu(mma_pass, monkeypatch):
     go, gs = gdn.chunked(**{n: t.cuda() for n, t in x.items()}, qk_l2norm=True, backend="ext",
                          policy=workbench.Policy(output_dtype="fp32"))
     assert workbench.compare(eo, go.cpu()).rel_l2 <= 1e-4 and workbench.compare(es, gs.cpu()).rel_l2 <= 1e-5
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("mma_pass", ["smem", "smem16"])
-def test_gpu_pass_beside_prepare(mma_pass, monkeypatch):
-    """On the GPU, the pass launched beside prepare's last blocks (programmatic dependent launch,
-    waiting on each row's mark; the default) gives the bits of the pass launched after prepare
-    (WORKBENCH_GDN_MMA_PDL=off), called eagerly and replayed from a CUDA graph, for a batch of
-    several prepare waves and a packed batch."""
-    from workbench.kernels import gdn
-    monkeypatch.setenv("WORKBENCH_GDN_CUDA_PATH", "mma")
-    monkeypatch.setenv("WORKBENCH_GDN_MMA_PASS", mma_pass)
-    x = {n: t.cuda() for n, t in make_inputs(1, 4000, 16, 32, 128, 128, dtype=torch.bfloat16,
-                                                state=True, seed=13).items()}
-    p = {n: (t.cuda() if isinstance(t, torch.Tensor) else t) for n, t in
-         packed_inputs([0, 1, 700, 64, 0, 2500], H=4, HV=8, K=128, V=128, dtype=torch.bfloat16,
-                       seed=17).items()}
-
-    def both():
-        return (gdn.chunked(**x, qk_l2norm=True, backend="ext"),
-                gdn.chunked(**p, qk_l2norm=True, backend="ext"))
-
-    monkeypatch.setenv("WORKBENCH_GDN_MMA_PDL", "off")
-    want = both()
-    monkeypatch.delenv("WORKBENCH_GDN_MMA_PDL")
-    got = both()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        both()  # warm-up outside the capture
-        with torch.cuda.graph(graph, stream=stream):
-            replayed = both()
-    for _ in range(3):
-        graph.replay()
-    torch.cuda.synchronize()
-    for w, g, r in zip(want, got, replayed):
-        assert torch.isfinite(w[0].float()).all()
-        assert torch.equal(w[0], g[0]) and torch.equal(w[1], g[1])
-        assert torch.equal(w[0], r[0]) and torch.equal(w[1], r[1])
 
 
 def test_wu_form_model_tracks_the_kernels():
