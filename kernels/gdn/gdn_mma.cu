@@ -55,12 +55,52 @@
 #ifdef WB_MMA_EMU
 // the host emulation of the CUDA built-ins and PTX below, for CPU tests (gdn_mma_emu.cpp)
 #include "common/cuda_emu.h"
+// blocks one after another, kernels one after another: a dependent launch is an ordinary one,
+// and its wait and its primary's trigger are nothing
+#define WB_LAUNCH_PDL(g, b, m, s, pdl, ...) \
+  ([&](auto&&... args) { WB_LAUNCH(g, b, m, s, __VA_ARGS__)(args...); return cudaSuccess; })
+inline void launch_dependents() {}
+inline void wait_for_primary() {}
 #else
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #define WB_LAUNCH(g, b, m, s, ...) __VA_ARGS__<<<g, b, m, s>>>
 #define WB_DYNAMIC_SMEM(T, name) extern __shared__ T name[]
+// Programmatic dependent launch (WORKBENCH_GDN_MMA_PDL=wait): the pass's blocks may start once
+// every block of prepare has run launch_dependents; its threads that read prepare's workspace
+// (those that issue its copies) first run wait_for_primary, which returns once prepare has ended
+// and its stores are visible. Without such a launch both are nothing.
+__device__ __forceinline__ void launch_dependents() {
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
+__device__ __forceinline__ void wait_for_primary() {
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+}
+// a launch that may begin before the stream's previous kernel ends (pdl), else an ordinary one
+template <typename... P>
+struct PdlLaunch {
+  void (*kernel)(P...);
+  dim3 grid, block;
+  size_t smem;
+  cudaStream_t stream;
+  bool pdl;
+  template <typename... A>
+  cudaError_t operator()(A&&... args) const {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid, cfg.blockDim = block, cfg.dynamicSmemBytes = smem, cfg.stream = stream;
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = at, cfg.numAttrs = pdl ? 1 : 0;
+    return cudaLaunchKernelEx(&cfg, kernel, static_cast<P>(args)...);
+  }
+};
+template <typename... P>
+PdlLaunch<P...> pdl_launch(void (*k)(P...), dim3 g, dim3 b, size_t m, cudaStream_t s, bool pdl) {
+  return PdlLaunch<P...>{k, g, b, m, s, pdl};
+}
+#define WB_LAUNCH_PDL(g, b, m, s, pdl, ...) pdl_launch(__VA_ARGS__, g, b, m, s, pdl)
 #endif
 #include <stdint.h>
 #include <stdlib.h>
@@ -760,6 +800,7 @@ mma_prepare(const QT* __restrict__ q, const QT* __restrict__ k, const float* __r
   }
   cp_wait<0>();
   __syncthreads();
+  launch_dependents();  // the pass may start (PDL=wait; its copies wait for this grid's end)
   WB_CLK(0);
   // the raw products, kept for every value head: K K^T at rows ia.., columns na.. (zero tiles
   // above the diagonal blocks are not formed), Q K^T (warps 2-7) at rows ip.., columns jp..
@@ -1055,6 +1096,7 @@ mma_pass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restric
     }
   };
   if (w >= kThreads / 32) {
+    wait_for_primary();  // prepare's workspace complete (PDL=wait; else nothing)
     if (producers == 1) produce(std::integral_constant<int, 32>{}, tid - kThreads);
     else produce(std::integral_constant<int, 64>{}, tid - kThreads);
     return;
@@ -1072,6 +1114,7 @@ mma_pass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restric
       s[0][nt][2 * hf] = x.x;
       s[0][nt][2 * hf + 1] = x.y;
     }
+  if (!prod) wait_for_primary();  // the computing warps copy prepare's workspace themselves
   if (sq.nc > 0 && !prod) {
     issue(0, All{}, tid, false);
     issue_q(0, All{}, tid, false);
@@ -1473,6 +1516,7 @@ mma_wpass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restri
   float* st = state + at;
   float s[NS][4];
   load_state_rows(s, h0 ? h0 + at : nullptr, 0, V, gq, tq);
+  wait_for_primary();  // prepare's workspace complete (PDL=wait; else nothing)
   WB_CLK_INIT(2);
   // chunk n's stage, copied by the NT threads of the NW warps (id: tid) or by the producer warp
   // (NT 32, id: lane)
@@ -1640,6 +1684,7 @@ mma_ppass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restri
   float* st = state + at;
   float s[NH][4];
   load_state_rows(s, h0 ? h0 + at : nullptr, k0, V, gq, tq);
+  wait_for_primary();  // prepare's workspace complete (PDL=wait; else nothing)
   auto issue = [&](int n) {
     const int t0 = sq.first + n * kC;
     issue_warp_stage<K, QT, NP, NTH>(sm + (n & 1) * P::floats, q, k, v,
@@ -1807,7 +1852,7 @@ int pass_plan(int BH, int V, bool f32, int sms) {
 
 template <int K, typename QT, int NW>
 cudaError_t launch_wpass(const GdnArgs* a, const float* h0, float* state, int seqs, int NC,
-                         const Packed& pk, cudaStream_t s) {
+                         const Packed& pk, cudaStream_t s, bool pdl) {
   if constexpr (is_f32<QT> && NW > 2) {
     return cudaErrorInvalidValue;
   } else {
@@ -1816,17 +1861,16 @@ cudaError_t launch_wpass(const GdnArgs* a, const float* h0, float* state, int se
     cudaError_t err = allow_smem(mma_wpass<K, QT, NW>, bytes);
     if (err != cudaSuccess) return err;
     const dim3 grid(seqs * a->HV, a->V / (16 * NW));
-    WB_LAUNCH(grid, 32 * NW + (wpass_producer<NW> && copy_producers() ? 32 : 0), bytes, s,
-              mma_wpass<K, QT, NW>)(
+    return WB_LAUNCH_PDL(grid, 32 * NW + (wpass_producer<NW> && copy_producers() ? 32 : 0), bytes,
+                         s, pdl, mma_wpass<K, QT, NW>)(
         static_cast<const QT*>(a->q), static_cast<const QT*>(a->k), static_cast<const QT*>(a->v),
         a->tinv, h0, state, a->o, a->T, a->H, a->HV, a->V, a->scale, a->o_dtype, NC, pk);
-    return cudaSuccess;
   }
 }
 
 template <int K, typename QT, int NP>
 cudaError_t launch_ppass(const GdnArgs* a, const float* h0, float* state, int seqs, int NC,
-                         const Packed& pk, cudaStream_t s) {
+                         const Packed& pk, cudaStream_t s, bool pdl) {
   if constexpr (is_f32<QT>) {
     return cudaErrorInvalidValue;
   } else {
@@ -1835,16 +1879,15 @@ cudaError_t launch_ppass(const GdnArgs* a, const float* h0, float* state, int se
     cudaError_t err = allow_smem(mma_ppass<K, QT, NP>, bytes);
     if (err != cudaSuccess) return err;
     const dim3 grid(seqs * a->HV, a->V / (16 * NP));
-    WB_LAUNCH(grid, 64 * NP, bytes, s, mma_ppass<K, QT, NP>)(
+    return WB_LAUNCH_PDL(grid, 64 * NP, bytes, s, pdl, mma_ppass<K, QT, NP>)(
         static_cast<const QT*>(a->q), static_cast<const QT*>(a->k), static_cast<const QT*>(a->v),
         a->tinv, h0, state, a->o, a->T, a->H, a->HV, a->V, a->scale, a->o_dtype, NC, pk);
-    return cudaSuccess;
   }
 }
 
 template <int K, typename QT, int BV>
 cudaError_t launch_pass(const GdnArgs* a, const float* h0, float* state, int seqs, int NC,
-                        const Packed& pk, cudaStream_t s) {
+                        const Packed& pk, cudaStream_t s, bool pdl) {
   constexpr size_t bytes = sizeof(float) * PassSmem<K, QT, BV>::floats;
   static_assert(bytes <= 227 * 1024, "the shared-memory pass's shared memory");
   // lean staging: two blocks an SM (228 KiB an SM, 1 KiB of it reserved a block)
@@ -1856,10 +1899,17 @@ cudaError_t launch_pass(const GdnArgs* a, const float* h0, float* state, int seq
                                (int)cudaSharedmemCarveoutMaxShared);
   if (err != cudaSuccess) return err;
   const dim3 grid(seqs * a->HV, a->V / BV);
-  WB_LAUNCH(grid, kThreads + 32 * copy_producers(), bytes, s, mma_pass<K, QT, BV>)(
+  // pdl: lean blocks would land where prepare's blocks end first, two an SM while other SMs idle
+  // (measured with the pass beside prepare's tail, 2026-12-06): where the grid fits on the SMs
+  // one a block, it asks for more than half an SM's shared memory (one of prepare's still fits)
+  size_t ask = bytes;
+  if (pass_lean<K, QT, BV> && pdl && (long)grid.x * grid.y <= sm_count()) {
+    ask = bytes > 116 * 1024 ? bytes : 116 * 1024;
+    if ((err = allow_smem(mma_pass<K, QT, BV>, ask)) != cudaSuccess) return err;
+  }
+  return WB_LAUNCH_PDL(grid, kThreads + 32 * copy_producers(), ask, s, pdl, mma_pass<K, QT, BV>)(
       static_cast<const QT*>(a->q), static_cast<const QT*>(a->k), static_cast<const QT*>(a->v),
       a->tinv, h0, state, a->o, a->T, a->H, a->HV, a->V, a->scale, a->o_dtype, NC, pk);
-  return cudaSuccess;
 }
 
 // prepare and the pass over seqs sequences of NC chunks at most: a plain batch (pk.n = 0, seqs =
@@ -1889,15 +1939,20 @@ cudaError_t launch_chunks(const GdnArgs* a, const float* h0, float* state, int s
     WB_LAUNCH(chunks * (HV / hvs), kThreads, s1, s, mma_prepare<K, QT>)(
         q, k, a->g, a->beta, a->nq, a->nk, a->tinv, a->T, a->H, HV, NC, hvs, skip, pk);
   const int nw = pass_plan(seqs * HV, V, is_f32<QT>, sm_count());
-  if (nw == 0) return launch_pass<K, QT, 32>(a, h0, state, seqs, NC, pk, s);
-  if (nw == 1) return launch_pass<K, QT, 16>(a, h0, state, seqs, NC, pk, s);
+  // WORKBENCH_GDN_MMA_PDL=wait: the pass launched to start beside prepare's last blocks (it waits
+  // for prepare's end before it copies the workspace; after a launch of only empty sequences,
+  // which has no prepare, an ordinary launch)
+  const char* pd = getenv("WORKBENCH_GDN_MMA_PDL");
+  const bool pdl = chunks > 0 && pd && !strcmp(pd, "wait");
+  if (nw == 0) return launch_pass<K, QT, 32>(a, h0, state, seqs, NC, pk, s, pdl);
+  if (nw == 1) return launch_pass<K, QT, 16>(a, h0, state, seqs, NC, pk, s, pdl);
   if (nw & kPair)
-    return nw == (kPair | 8)   ? launch_ppass<K, QT, 4>(a, h0, state, seqs, NC, pk, s)
-           : nw == (kPair | 4) ? launch_ppass<K, QT, 2>(a, h0, state, seqs, NC, pk, s)
-                               : launch_ppass<K, QT, 1>(a, h0, state, seqs, NC, pk, s);
-  return nw == 8   ? launch_wpass<K, QT, 8>(a, h0, state, seqs, NC, pk, s)
-         : nw == 4 ? launch_wpass<K, QT, 4>(a, h0, state, seqs, NC, pk, s)
-                   : launch_wpass<K, QT, 2>(a, h0, state, seqs, NC, pk, s);
+    return nw == (kPair | 8)   ? launch_ppass<K, QT, 4>(a, h0, state, seqs, NC, pk, s, pdl)
+           : nw == (kPair | 4) ? launch_ppass<K, QT, 2>(a, h0, state, seqs, NC, pk, s, pdl)
+                               : launch_ppass<K, QT, 1>(a, h0, state, seqs, NC, pk, s, pdl);
+  return nw == 8   ? launch_wpass<K, QT, 8>(a, h0, state, seqs, NC, pk, s, pdl)
+         : nw == 4 ? launch_wpass<K, QT, 4>(a, h0, state, seqs, NC, pk, s, pdl)
+                   : launch_wpass<K, QT, 2>(a, h0, state, seqs, NC, pk, s, pdl);
 }
 
 // The table of a packed launch: sequences g0 .. g0 + kSeqs - 1 (at most) of the nseq at token

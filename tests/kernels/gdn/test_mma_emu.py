@@ -203,6 +203,22 @@ def test_emulated_packed_batch_equals_sequences_alone(mma_pass, monkeypatch):
 
 
 @pytest.mark.parametrize("mma_pass", PASSES)
+def test_emulated_dependent_launch_changes_nothing(mma_pass, monkeypatch):
+    """WORKBENCH_GDN_MMA_PDL=wait (the pass launched to start beside prepare's last blocks, its
+    copying threads waiting for prepare's end; lean blocks asking for more shared memory where the
+    grid fits on the SMs): under the emulation, which runs the kernels one after another, the
+    same bits as the ordinary launch, for a batch and a packed batch with empty sequences."""
+    x = make_inputs(2, 150, 2, 4, 128, 64, dtype=torch.bfloat16, state=True, seed=5)
+    same_bits_with(x, "WORKBENCH_GDN_MMA_PDL", "wait", monkeypatch, mma_pass)
+    p = packed_inputs([0, 1, 67, 0, 130], H=1, HV=2, K=64, V=64, dtype=torch.bfloat16, seed=9)
+    cu, h0 = p.pop("cu_seqlens"), p.pop("initial_state")
+    want = run(p, mma_pass, monkeypatch, initial_state=h0, cu_seqlens=cu, output_dtype=torch.float32)
+    monkeypatch.setenv("WORKBENCH_GDN_MMA_PDL", "wait")
+    got = run(p, mma_pass, monkeypatch, initial_state=h0, cu_seqlens=cu, output_dtype=torch.float32)
+    assert torch.isfinite(want[0]).all() and torch.equal(want[0], got[0]) and torch.equal(want[1], got[1])
+
+
+@pytest.mark.parametrize("mma_pass", PASSES)
 def test_emulated_schedules_change_nothing(mma_pass, monkeypatch):
     """Warps drifting apart between barriers (WB_EMU_SCHED=skew) and copies landing at issue
     (WB_EMU_CP=eager) instead of at the wait: a missing barrier or wait would show as another
@@ -296,6 +312,46 @@ def test_emulation_matches_the_gpu(mma_pass, monkeypatch):
     go, gs = gdn.chunked(**{n: t.cuda() for n, t in x.items()}, qk_l2norm=True, backend="ext",
                          policy=workbench.Policy(output_dtype="fp32"))
     assert workbench.compare(eo, go.cpu()).rel_l2 <= 1e-4 and workbench.compare(es, gs.cpu()).rel_l2 <= 1e-5
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mma_pass", PASSES)
+def test_gpu_dependent_launch(mma_pass, monkeypatch):
+    """On the GPU, the pass launched to start beside prepare's last blocks
+    (WORKBENCH_GDN_MMA_PDL=wait: programmatic dependent launch, its copying threads waiting for
+    prepare's end) gives the bits of the ordinary launch, called eagerly and replayed from a CUDA
+    graph, for a batch of several prepare waves and a packed batch with empty sequences."""
+    from workbench.kernels import gdn
+    monkeypatch.setenv("WORKBENCH_GDN_CUDA_PATH", "mma")
+    monkeypatch.setenv("WORKBENCH_GDN_MMA_PASS", mma_pass)
+    x = {n: t.cuda() for n, t in make_inputs(1, 3000, 16, 32, 128, 128, dtype=torch.bfloat16,
+                                                state=True, seed=13).items()}
+    p = {n: (t.cuda() if isinstance(t, torch.Tensor) else t) for n, t in
+         packed_inputs([0, 1, 700, 64, 0, 2500], H=4, HV=8, K=128, V=128, dtype=torch.bfloat16,
+                       seed=17).items()}
+
+    def both():
+        return (gdn.chunked(**x, qk_l2norm=True, backend="ext"),
+                gdn.chunked(**p, qk_l2norm=True, backend="ext"))
+
+    want = both()
+    monkeypatch.setenv("WORKBENCH_GDN_MMA_PDL", "wait")
+    got = both()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        both()  # warm-up outside the capture
+        with torch.cuda.graph(graph, stream=stream):
+            replayed = both()
+    for _ in range(3):
+        graph.replay()
+    torch.cuda.synchronize()
+    for w, g, r in zip(want, got, replayed):
+        assert torch.isfinite(w[0].float()).all()
+        assert torch.equal(w[0], g[0]) and torch.equal(w[1], g[1])
+        assert torch.equal(w[0], r[0]) and torch.equal(w[1], r[1])
 
 
 def test_wu_form_model_tracks_the_kernels():
