@@ -17,6 +17,10 @@
 #                                                       # gdn_clocks: cycles a chunk per phase of
 #                                                       # prepare and the passes (a build with
 #                                                       # -DWB_GDN_CLOCKS); CLOCKS_PASSES="smem warp"
+#   OUT=$OUT bash benchmarks/gdn_gpu_session.sh env VAR "v1 v2" [shape filters...]
+#                                                       # gdn_pass_ab --env VAR --variants v1 v2
+#                                                       # (rounds 2): any variable the launcher
+#                                                       # reads, e.g. WORKBENCH_GDN_MMA_PDL "off wait"
 #   OUT=$OUT bash benchmarks/gdn_gpu_session.sh phases [passes...]
 #                                                       # prepare / pass GPU time at B1 T8192 HV32,
 #                                                       # each pass forced (default: all four);
@@ -77,6 +81,16 @@ case "$mode" in
     timeout "$limit" python3 benchmarks/gdn_pass_ab.py "${args[@]}" 2>&1 | tail -20
     stamp "$f"
     ;;
+  env)
+    var=${1:?env VAR "v1 v2" [shape filters]}
+    vals=${2:?env VAR "v1 v2" [shape filters]}
+    shift 2
+    f="$out/gdn-env-ab-$day-$var.json"
+    args=(--env "$var" --variants $vals --rounds 2 --out "$f")
+    [ $# -gt 0 ] && args+=(--only "$@")
+    timeout "$limit" python3 benchmarks/gdn_pass_ab.py "${args[@]}" 2>&1 | grep -E '^\{|summary' | cut -c1-600
+    stamp "$f"
+    ;;
   matrix)
     f="$out/gdn-matrix-$day.json"
     args=(--skip decode --out "$f" ${MATRIX_ARGS:-})
@@ -103,7 +117,7 @@ case "$mode" in
     stamp "$f"
     ;;
   *)
-    echo "usage: OUT=dir bash benchmarks/gdn_gpu_session.sh tests|ab|matrix|phases|clocks [args...]" >&2
+    echo "usage: OUT=dir bash benchmarks/gdn_gpu_session.sh tests|ab|env|matrix|phases|clocks [args...]" >&2
     exit 2
     ;;
 esac
