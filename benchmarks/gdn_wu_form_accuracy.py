@@ -16,6 +16,11 @@ Both forms round what a tensor-core kernel feeds its tf32 products (round to nea
 - ``wu-tb``: u formed from the raw values as ``u = TB V + beta V`` with ``TB = Tinv diag(beta)``
   below its diagonal rounded to tf32 (a C x C operand the pass reads in Tinv's place, V exact in
   tf32) and the diagonal's ``beta_i V_i`` added in float32, W in tf32.
+- ``tinv-bf16x2``: today's form with the state (the B operand of K S and Q S) and the update's
+  decayed U (its A operand) each split into two bf16 halves, ``hi = bf16(x)``,
+  ``lo = bf16(x - hi)`` (16 significant bits instead of tf32's 11), as bf16 ``mma.m16n8k16``
+  would take them against the keys and queries, which are bf16 already (no conversion); Tinv R
+  and PT R stay tf32.
 - ``wu-tb-wbf16``: the same with W stored in bf16 (half its bytes), U still rounded to tf32 (what
   the kernels' W / u form ran: built as an A/B variant on 2026-12-06, 25-35% slower on the H100,
   removed; docs/kernels/gdn.md).
@@ -49,7 +54,7 @@ from workbench.kernels.gdn._cases import make_inputs  # noqa: E402
 from workbench.numerics.portable import cpu_name  # noqa: E402
 
 C = 64
-FORMS = ("tinv", "wu", "wu-bf16", "wu-tb", "wu-tb-wbf16")
+FORMS = ("tinv", "wu", "wu-bf16", "wu-tb", "wu-tb-wbf16", "tinv-bf16x2")
 
 
 def rt(x: torch.Tensor) -> torch.Tensor:
@@ -88,7 +93,10 @@ def run_form(form, q, k, v, g, beta, s0, scale):
         gc, tinv, p = chunk_mats(kc, qc, g[sl], bc)
         eg, gl = torch.exp(gc)[:, None], gc[-1]
         sr = rt(S)
-        if form == "tinv":
+        if form == "tinv-bf16x2":  # the state as two bf16 halves (hi + lo: 16 bits, exact sum)
+            hi = bf(S)
+            sr = hi + bf(S - hi)
+        if form.startswith("tinv"):
             pt = rt(p @ tinv)
             r = rt(bc[:, None] * (vc - eg * (kc @ sr)))
             u = tinv @ r
@@ -107,7 +115,12 @@ def run_form(form, q, k, v, g, beta, s0, scale):
             u = uu - w @ sr
             ur = bf(u) if form == "wu-bf16" else rt(u)
             o[sl] = scale * (eg * (qc @ sr) + p @ ur)
-        ud = rt(torch.exp(gl - gc)[:, None] * u)
+        ud = torch.exp(gl - gc)[:, None] * u
+        if form == "tinv-bf16x2":  # the update's A operand as two bf16 halves too
+            hi = bf(ud)
+            ud = hi + bf(ud - hi)
+        else:
+            ud = rt(ud)
         S = torch.exp(gl) * S + kc.T @ ud
     return o, S
 

@@ -359,7 +359,8 @@ def test_wu_form_model_tracks_the_kernels():
     kernels' roundings: its tf32 rounding is cvt.rna's (ties away from zero), its model of today's
     form is far closer to the kernels' emulation than either is to FP64, and the W / u form it
     models lands near today's form (closer with u through Tinv diag(beta)), its bf16 storage far
-    from it (what the docs report)."""
+    from it, and today's form with the state split into two bf16 halves keeps o and brings the
+    state closer (what the docs report)."""
     import importlib.util
     from pathlib import Path
     path = Path(__file__).resolve().parents[3] / "benchmarks" / "gdn_wu_form_accuracy.py"
@@ -383,3 +384,7 @@ def test_wu_form_model_tracks_the_kernels():
     # closer to FP64 than today's form, W in bf16 or not
     for f in ("wu-tb", "wu-tb-wbf16"):
         assert wu.rel(got[f][0], ro) < 0.95 * t_o and wu.rel(got[f][1], rs) < 0.85 * t_s, f
+    # the state and the update's operand as two bf16 halves (16 bits): o as today's, the state
+    # closer (3.0e-4 -> 2.0e-4 here)
+    b_o, b_s = wu.rel(got["tinv-bf16x2"][0], ro), wu.rel(got["tinv-bf16x2"][1], rs)
+    assert b_o < 1.02 * t_o and b_s < 0.8 * t_s
