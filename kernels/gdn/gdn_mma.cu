@@ -1552,7 +1552,8 @@ mma_wpass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restri
   const long at = gdn::state_index(sq.sb, hv, HV, K, V) + c0;
   float* st = state + at;
   float s[NS][4];
-  load_state_rows(s, h0 ? h0 + at : nullptr, 0, V, gq, tq);
+  // (the copying warp, w = NW, has no columns: past the block's, past h0's end in the last one)
+  load_state_rows(s, h0 && w < NW ? h0 + at : nullptr, 0, V, gq, tq);
   wait_for_primary();  // prepare's workspace complete (PDL=wait; else nothing)
   WB_CLK_INIT(2);
   // chunk n's stage, copied by the NT threads of the NW warps (id: tid) or by the producer warp

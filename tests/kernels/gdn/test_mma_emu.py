@@ -6,6 +6,8 @@ here; and the schedules that expose a missing barrier or a stage read before its
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 import torch
 
@@ -240,6 +242,54 @@ def test_emulated_pipelined_prepare_same_bits(dt, monkeypatch):
     monkeypatch.setenv("WORKBENCH_GDN_MMA_PREPARE_PIPE", "on")
     got = run(p, "smem16", monkeypatch, initial_state=h0, cu_seqlens=cu, output_dtype=torch.float32)
     assert torch.isfinite(want[0]).all() and torch.equal(want[0], got[0]) and torch.equal(want[1], got[1])
+
+
+GUARDED = r"""
+import ctypes, mmap, os, sys
+import torch
+from workbench.kernels.gdn import mma_emu
+from workbench.kernels.gdn._cases import make_inputs, packed_inputs
+
+libc = ctypes.CDLL(None)
+keep = []
+
+
+def guarded(t):
+    # a copy of t whose last byte abuts a page with no access: a read past its end faults
+    n, page = t.numel() * t.element_size(), mmap.PAGESIZE
+    size = -(-n // page) * page
+    buf = mmap.mmap(-1, size + page)
+    addr = ctypes.addressof(ctypes.c_char.from_buffer(buf))
+    assert libc.mprotect(ctypes.c_void_p(addr + size), ctypes.c_size_t(page), 0) == 0
+    keep.append(buf)
+    flat = torch.frombuffer(buf, dtype=t.dtype, count=size // t.element_size())
+    out = flat[flat.numel() - t.numel():].view(t.shape)
+    out.copy_(t)
+    return out
+
+
+for mma_pass in ("smem", "smem16", "warp", "pair"):
+    os.environ["WORKBENCH_GDN_MMA_PASS"] = mma_pass
+    x = make_inputs(1, 70, 1, 2, 64, 64, dtype=torch.bfloat16, state=True, seed=3)
+    x = {n: guarded(t) for n, t in x.items()}
+    o, s = mma_emu.chunked(**x, qk_l2norm=True)
+    p = packed_inputs([0, 1, 67, 0, 70], H=1, HV=2, K=64, V=64, dtype=torch.bfloat16, seed=9)
+    cu = p.pop("cu_seqlens")
+    p = {n: guarded(t) for n, t in p.items()}
+    o2, s2 = mma_emu.chunked(**p, cu_seqlens=cu, qk_l2norm=True)
+    assert torch.isfinite(o.float()).all() and torch.isfinite(o2.float()).all(), mma_pass
+print("ok")
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="mmap / mprotect guard pages")
+def test_emulated_passes_read_nothing_past_their_inputs():
+    """Every pass, a batch and a packed batch, with each input (q, k, v, g, beta and the initial
+    state) ending at a page that may not be read: no read past an input's end (it would fault;
+    the warp-resident pass's copying warp read 16 floats past h0's last row until 2026-12-06)."""
+    import subprocess
+    r = subprocess.run([sys.executable, "-c", GUARDED], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), (r.returncode, r.stderr[-2000:])
 
 
 @pytest.mark.parametrize("mma_pass", PASSES)
