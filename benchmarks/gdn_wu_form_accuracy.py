@@ -16,14 +16,14 @@ Both forms round what a tensor-core kernel feeds its tf32 products (round to nea
 - ``wu-tb``: u formed from the raw values as ``u = TB V + beta V`` with ``TB = Tinv diag(beta)``
   below its diagonal rounded to tf32 (a C x C operand the pass reads in Tinv's place, V exact in
   tf32) and the diagonal's ``beta_i V_i`` added in float32, W in tf32.
+- ``wu-tb-wbf16``: the same with W stored in bf16 (half its bytes), U still rounded to tf32 (what
+  the kernels' W / u form ran: built as an A/B variant on 2026-12-06, 25-35% slower on the H100,
+  removed; docs/kernels/gdn.md).
 - ``tinv-bf16x2``: today's form with the state (the B operand of K S and Q S) and the update's
   decayed U (its A operand) each split into two bf16 halves, ``hi = bf16(x)``,
   ``lo = bf16(x - hi)`` (16 significant bits instead of tf32's 11), as bf16 ``mma.m16n8k16``
   would take them against the keys and queries, which are bf16 already (no conversion); Tinv R
   and PT R stay tf32.
-- ``wu-tb-wbf16``: the same with W stored in bf16 (half its bytes), U still rounded to tf32 (what
-  the kernels' W / u form ran: built as an A/B variant on 2026-12-06, 25-35% slower on the H100,
-  removed; docs/kernels/gdn.md).
 
 Each shape runs twice: beta representable in bf16 (as engines and the tests pass it) and beta in
 float32 (not exact in tf32).

@@ -213,11 +213,7 @@ def test_emulated_dependent_launch_changes_nothing(mma_pass, monkeypatch):
     x = make_inputs(2, 150, 2, 4, 128, 64, dtype=torch.bfloat16, state=True, seed=5)
     same_bits_with(x, "WORKBENCH_GDN_MMA_PDL", "wait", monkeypatch, mma_pass)
     p = packed_inputs([0, 1, 67, 0, 130], H=1, HV=2, K=64, V=64, dtype=torch.bfloat16, seed=9)
-    cu, h0 = p.pop("cu_seqlens"), p.pop("initial_state")
-    want = run(p, mma_pass, monkeypatch, initial_state=h0, cu_seqlens=cu, output_dtype=torch.float32)
-    monkeypatch.setenv("WORKBENCH_GDN_MMA_PDL", "wait")
-    got = run(p, mma_pass, monkeypatch, initial_state=h0, cu_seqlens=cu, output_dtype=torch.float32)
-    assert torch.isfinite(want[0]).all() and torch.equal(want[0], got[0]) and torch.equal(want[1], got[1])
+    same_bits_with(p, "WORKBENCH_GDN_MMA_PDL", "wait", monkeypatch, mma_pass)
 
 
 @pytest.mark.parametrize("dt", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
@@ -237,11 +233,7 @@ def test_emulated_pipelined_prepare_same_bits(dt, monkeypatch):
     monkeypatch.delenv("WB_EMU_SCHED")
     monkeypatch.delenv("WB_EMU_CP")
     p = packed_inputs([0, 1, 67, 0, 130], H=1, HV=3, K=64, V=64, dtype=dt, seed=9)
-    cu, h0 = p.pop("cu_seqlens"), p.pop("initial_state")
-    want = run(p, "smem16", monkeypatch, initial_state=h0, cu_seqlens=cu, output_dtype=torch.float32)
-    monkeypatch.setenv("WORKBENCH_GDN_MMA_PREPARE_PIPE", "on")
-    got = run(p, "smem16", monkeypatch, initial_state=h0, cu_seqlens=cu, output_dtype=torch.float32)
-    assert torch.isfinite(want[0]).all() and torch.equal(want[0], got[0]) and torch.equal(want[1], got[1])
+    same_bits_with(p, "WORKBENCH_GDN_MMA_PREPARE_PIPE", "on", monkeypatch, "smem16")
 
 
 GUARDED = r"""
