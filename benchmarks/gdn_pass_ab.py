@@ -14,7 +14,9 @@ passes' copies (``--env WORKBENCH_GDN_MMA_COPY --variants warps producer two``),
 (``--env WORKBENCH_GDN_MMA_SOLVE --variants full short``) or how the pass is launched
 (``--env WORKBENCH_GDN_MMA_PDL --variants off wait``; a value the launcher does not know is
 its default): each row then says whether the variants' o and final state are bit for bit those
-of the first variant.
+of the first variant. A variant written ``VAR=value,VAR2=value`` sets those variables instead
+(and ``--env`` none), so that a combination is timed beside its parts, e.g.
+``--variants off wait WORKBENCH_GDN_MMA_PDL=wait,WORKBENCH_GDN_MMA_PREPARE_PIPE=on``.
 """
 
 from __future__ import annotations
@@ -40,8 +42,23 @@ from workbench.kernels.gdn import ext  # noqa: E402
 VARIANTS = ("warp", "smem", "smem16", "auto")
 
 
-def _force(env: str, label: str):
-    os.environ[env] = label
+def _settings(env: str, label: str) -> dict:
+    """The variables a variant sets: ``env=label``, or the ``VAR=value`` pairs it names."""
+    if "=" not in label:
+        return {env: label}
+    pairs = dict(item.split("=", 1) for item in label.split(","))
+    bad = [k for k in pairs if not k.startswith("WORKBENCH_")]
+    if bad:
+        raise SystemExit(f"gdn_pass_ab: variant {label!r} sets {bad}, not a WORKBENCH_ variable; "
+                         "write VAR=value,VAR2=value with the launcher's variables")
+    return pairs
+
+
+def _force(env: str, label: str) -> list:
+    """Sets a variant's variables (cleared again after its graph is captured); returns their names."""
+    settings = _settings(env, label)
+    os.environ.update(settings)
+    return list(settings)
 
 
 def main():
@@ -69,7 +86,8 @@ def main():
             _force(args.env, label)
             outs[label] = ours()
             graphs[label] = _graphed(ours)  # the variable is read at capture: the graph keeps it
-        os.environ.pop(args.env, None)
+            for var in _settings(args.env, label):
+                os.environ.pop(var, None)
         of, _ = peer()
         graphs["fla"] = _graphed(peer)
         # rounds of every variant and fla in turn; each side's lowest median
