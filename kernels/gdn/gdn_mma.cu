@@ -67,10 +67,11 @@ inline void wait_for_primary() {}
 #include <cuda_runtime.h>
 #define WB_LAUNCH(g, b, m, s, ...) __VA_ARGS__<<<g, b, m, s>>>
 #define WB_DYNAMIC_SMEM(T, name) extern __shared__ T name[]
-// Programmatic dependent launch (WORKBENCH_GDN_MMA_PDL=wait): the pass's blocks may start once
-// every block of prepare has run launch_dependents; its threads that read prepare's workspace
-// (those that issue its copies) first run wait_for_primary, which returns once prepare has ended
-// and its stores are visible. Without such a launch both are nothing.
+// Programmatic dependent launch (the default; WORKBENCH_GDN_MMA_PDL=off for an ordinary launch):
+// the pass's blocks may start once every block of prepare has run launch_dependents; its threads
+// that read prepare's workspace (those that issue its copies) first run wait_for_primary, which
+// returns once prepare has ended and its stores are visible. Without such a launch both are
+// nothing.
 __device__ __forceinline__ void launch_dependents() {
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 }
@@ -1990,11 +1991,11 @@ cudaError_t launch_chunks(const GdnArgs* a, const float* h0, float* state, int s
           q, k, a->g, a->beta, a->nq, a->nk, a->tinv, a->T, a->H, HV, NC, hvs, skip, pk);
   }
   const int nw = pass_plan(seqs * HV, V, is_f32<QT>, sm_count());
-  // WORKBENCH_GDN_MMA_PDL=wait: the pass launched to start beside prepare's last blocks (it waits
-  // for prepare's end before it copies the workspace; after a launch of only empty sequences,
-  // which has no prepare, an ordinary launch)
+  // the pass launched to start beside prepare's last blocks (it waits for prepare's end before it
+  // copies the workspace; after a launch of only empty sequences, which has no prepare, an
+  // ordinary launch); WORKBENCH_GDN_MMA_PDL=off: an ordinary launch (A/Bs)
   const char* pd = getenv("WORKBENCH_GDN_MMA_PDL");
-  const bool pdl = chunks > 0 && pd && !strcmp(pd, "wait");
+  const bool pdl = chunks > 0 && !(pd && !strcmp(pd, "off"));
   if (nw == 0) return launch_pass<K, QT, 32>(a, h0, state, seqs, NC, pk, s, pdl);
   if (nw == 1) return launch_pass<K, QT, 16>(a, h0, state, seqs, NC, pk, s, pdl);
   if (nw & kPair)

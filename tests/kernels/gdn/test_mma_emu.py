@@ -206,14 +206,14 @@ def test_emulated_packed_batch_equals_sequences_alone(mma_pass, monkeypatch):
 
 @pytest.mark.parametrize("mma_pass", PASSES)
 def test_emulated_dependent_launch_changes_nothing(mma_pass, monkeypatch):
-    """WORKBENCH_GDN_MMA_PDL=wait (the pass launched to start beside prepare's last blocks, its
-    copying threads waiting for prepare's end; lean blocks asking for more shared memory where the
-    grid fits on the SMs): under the emulation, which runs the kernels one after another, the
-    same bits as the ordinary launch, for a batch and a packed batch with empty sequences."""
+    """The dependent launch (the default: the pass launched to start beside prepare's last blocks,
+    its copying threads waiting for prepare's end; lean blocks asking for more shared memory where
+    the grid fits on the SMs): under the emulation, which runs the kernels one after another, the
+    same bits as the ordinary launch (WORKBENCH_GDN_MMA_PDL=off), for a batch and a packed batch with empty sequences."""
     x = make_inputs(2, 150, 2, 4, 128, 64, dtype=torch.bfloat16, state=True, seed=5)
-    same_bits_with(x, "WORKBENCH_GDN_MMA_PDL", "wait", monkeypatch, mma_pass)
+    same_bits_with(x, "WORKBENCH_GDN_MMA_PDL", "off", monkeypatch, mma_pass)
     p = packed_inputs([0, 1, 67, 0, 130], H=1, HV=2, K=64, V=64, dtype=torch.bfloat16, seed=9)
-    same_bits_with(p, "WORKBENCH_GDN_MMA_PDL", "wait", monkeypatch, mma_pass)
+    same_bits_with(p, "WORKBENCH_GDN_MMA_PDL", "off", monkeypatch, mma_pass)
 
 
 @pytest.mark.parametrize("dt", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
@@ -407,9 +407,9 @@ def test_emulation_matches_the_gpu(mma_pass, monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.parametrize("mma_pass", PASSES)
 def test_gpu_dependent_launch(mma_pass, monkeypatch):
-    """On the GPU, the pass launched to start beside prepare's last blocks
-    (WORKBENCH_GDN_MMA_PDL=wait: programmatic dependent launch, its copying threads waiting for
-    prepare's end) gives the bits of the ordinary launch, called eagerly and replayed from a CUDA
+    """On the GPU, the pass launched to start beside prepare's last blocks (the default:
+    programmatic dependent launch, its copying threads waiting for prepare's end) gives the bits
+    of the ordinary launch (WORKBENCH_GDN_MMA_PDL=off), called eagerly and replayed from a CUDA
     graph, for a batch of several prepare waves and a packed batch with empty sequences."""
     from workbench.kernels import gdn
     monkeypatch.setenv("WORKBENCH_GDN_CUDA_PATH", "mma")
@@ -424,8 +424,9 @@ def test_gpu_dependent_launch(mma_pass, monkeypatch):
         return (gdn.chunked(**x, qk_l2norm=True, backend="ext"),
                 gdn.chunked(**p, qk_l2norm=True, backend="ext"))
 
+    monkeypatch.setenv("WORKBENCH_GDN_MMA_PDL", "off")
     want = both()
-    monkeypatch.setenv("WORKBENCH_GDN_MMA_PDL", "wait")
+    monkeypatch.delenv("WORKBENCH_GDN_MMA_PDL")
     got = both()
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
