@@ -753,9 +753,8 @@ struct PrepSmem {
 // diagonal blocks of (I + A)^-1 in float32 (warps 0-1, gdn_mma.h); the identity's columns by
 // blocked forward substitution (warps 0-1, 32 columns each) while warps 2-7 form P from their
 // Q K^T; then PT by mma (every warp, one 16 x 32 tile).
-// PIPE (the default for 16-bit inputs; WORKBENCH_GDN_MMA_PREPARE_PIPE=off for the form before
-// it): warps 2-7 hold the K K^T tiles (the same six tiles below the diagonal blocks' upper edge,
-// where Q K^T's are), and while warps
+// PIPE (WORKBENCH_GDN_MMA_PREPARE_PIPE=on, an A/B variable): warps 2-7 hold the K K^T tiles
+// (the same six tiles below the diagonal blocks' upper edge, where Q K^T's are), and while warps
 // 0-1 invert and substitute for value head vh, warps 2-7 form its P and then the next value head's
 // gates and A (A and the gates double-buffered: the second A where the keys and queries were), so
 // the block's value heads after the first wait for no gate scan and no A epilogue. Every value
@@ -1964,11 +1963,11 @@ cudaError_t launch_chunks(const GdnArgs* a, const float* h0, float* state, int s
   const size_t s1 = sizeof(float) * PrepSmem<K, QT>::floats;
   const int HV = a->HV, V = a->V;
   cudaError_t err;
-  // the pipelined prepare (PIPE above) for 16-bit inputs (with float32 ones, K = 128, it spills);
-  // WORKBENCH_GDN_MMA_PREPARE_PIPE=off: the prepare before it (A/Bs, phase clocks)
+  // WORKBENCH_GDN_MMA_PREPARE_PIPE=on: the pipelined prepare (PIPE above; A/Bs)
+  // (16-bit inputs: with float32 ones, K = 128, it spills)
   const char* pp = getenv("WORKBENCH_GDN_MMA_PREPARE_PIPE");
   constexpr bool kPipeable = !is_f32<QT>;
-  const bool pipe = kPipeable && !(pp && !strcmp(pp, "off"));
+  const bool pipe = kPipeable && pp && !strcmp(pp, "on");
   if ((err = allow_smem(mma_prepare<K, QT, false>, s1)) != cudaSuccess) return err;
   if constexpr (kPipeable)
     if ((err = allow_smem(mma_prepare<K, QT, kPipeable>, s1)) != cudaSuccess) return err;

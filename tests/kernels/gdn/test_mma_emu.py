@@ -218,23 +218,22 @@ def test_emulated_dependent_launch_changes_nothing(mma_pass, monkeypatch):
 
 @pytest.mark.parametrize("dt", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 def test_emulated_pipelined_prepare_same_bits(dt, monkeypatch):
-    """The pipelined prepare (the default for 16-bit inputs: warps 2-7 form the next value head's
-    gates and A while warps 0-1 solve for this one, A and the gates double-buffered): bit for bit
-    the prepare before it (WORKBENCH_GDN_MMA_PREPARE_PIPE=off), with 1, 2, 3 and 4 value heads
-    a block (the buffers alternating over odd counts),
+    """WORKBENCH_GDN_MMA_PREPARE_PIPE=on (warps 2-7 form the next value head's gates and A while
+    warps 0-1 solve for this one, A and the gates double-buffered): bit for bit the prepare
+    before it, with 1, 2, 3 and 4 value heads a block (the buffers alternating over odd counts),
     K 64 and 128, the norm in the kernels, a packed batch, and under drifting warps with copies
     landing at issue (a missing barrier shows there)."""
     for B, T, H, HV, K, V in ((1, 150, 2, 2, 128, 64), (1, 130, 1, 3, 64, 64), (2, 70, 1, 4, 64, 32)):
         x = make_inputs(B, T, H, HV, K, V, dtype=dt, state=True, seed=21)
-        same_bits_with(x, "WORKBENCH_GDN_MMA_PREPARE_PIPE", "off", monkeypatch)
+        same_bits_with(x, "WORKBENCH_GDN_MMA_PREPARE_PIPE", "on", monkeypatch)
     monkeypatch.setenv("WB_EMU_SCHED", "skew")
     monkeypatch.setenv("WB_EMU_CP", "eager")
     same_bits_with(make_inputs(1, 130, 1, 3, 128, 32, dtype=dt, state=True, seed=22),
-                   "WORKBENCH_GDN_MMA_PREPARE_PIPE", "off", monkeypatch, "warp")
+                   "WORKBENCH_GDN_MMA_PREPARE_PIPE", "on", monkeypatch, "warp")
     monkeypatch.delenv("WB_EMU_SCHED")
     monkeypatch.delenv("WB_EMU_CP")
     p = packed_inputs([0, 1, 67, 0, 130], H=1, HV=3, K=64, V=64, dtype=dt, seed=9)
-    same_bits_with(p, "WORKBENCH_GDN_MMA_PREPARE_PIPE", "off", monkeypatch, "smem16")
+    same_bits_with(p, "WORKBENCH_GDN_MMA_PREPARE_PIPE", "on", monkeypatch, "smem16")
 
 
 GUARDED = r"""
@@ -381,9 +380,8 @@ def test_emulation_catches_a_pipelined_prepare_mutant(tmp_path, monkeypatch):
     lib = mutant_library(tmp_path, [("          named_sync<2, kThreads - 64>();\n", "", 1)])
     x = make_inputs(1, 130, 1, 3, 64, 64, dtype=torch.bfloat16, state=True, seed=22)
     ro, _ = oracle.chunked(**x, qk_l2norm=True)
-    monkeypatch.setenv("WORKBENCH_GDN_MMA_PREPARE_PIPE", "off")
     assert workbench.compare(ro, run(x, "smem", monkeypatch, lib=lib)[0]).rel_l2 <= 5e-3  # not run
-    monkeypatch.delenv("WORKBENCH_GDN_MMA_PREPARE_PIPE")  # the default: pipelined
+    monkeypatch.setenv("WORKBENCH_GDN_MMA_PREPARE_PIPE", "on")
     for sched in ("lockstep", "skew"):  # warp 2's scan yields at its shuffles: both expose it
         monkeypatch.setenv("WB_EMU_SCHED", sched)
         o = run(x, "smem", monkeypatch, lib=lib)[0]
@@ -448,9 +446,8 @@ def test_gpu_dependent_launch(mma_pass, monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.parametrize("dt", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 def test_gpu_pipelined_prepare(dt, monkeypatch):
-    """On the GPU, the pipelined prepare (the default for 16-bit inputs) gives the bits of the
-    prepare before it (WORKBENCH_GDN_MMA_PREPARE_PIPE=off), with 2 and 3 value heads a block,
-    K 64 and 128, a packed batch."""
+    """On the GPU, the pipelined prepare (WORKBENCH_GDN_MMA_PREPARE_PIPE=on) gives the bits of
+    the prepare before it, with 2 and 3 value heads a block, K 64 and 128, a packed batch."""
     from workbench.kernels import gdn
     monkeypatch.setenv("WORKBENCH_GDN_CUDA_PATH", "mma")
     cases = [make_inputs(1, 2000, 16, 32, 128, 128, dtype=dt, state=True, seed=3),
@@ -458,9 +455,9 @@ def test_gpu_pipelined_prepare(dt, monkeypatch):
              packed_inputs([0, 1, 700, 64, 0, 900], H=4, HV=12, K=128, V=128, dtype=dt, seed=5)]
     for x in cases:
         x = {n: (t.cuda() if isinstance(t, torch.Tensor) else t) for n, t in x.items()}
-        monkeypatch.setenv("WORKBENCH_GDN_MMA_PREPARE_PIPE", "off")
+        monkeypatch.delenv("WORKBENCH_GDN_MMA_PREPARE_PIPE", raising=False)
         want = gdn.chunked(**x, qk_l2norm=True, backend="ext")
-        monkeypatch.delenv("WORKBENCH_GDN_MMA_PREPARE_PIPE")
+        monkeypatch.setenv("WORKBENCH_GDN_MMA_PREPARE_PIPE", "on")
         got = gdn.chunked(**x, qk_l2norm=True, backend="ext")
         assert torch.isfinite(want[0].float()).all()
         assert torch.equal(want[0], got[0]) and torch.equal(want[1], got[1])
