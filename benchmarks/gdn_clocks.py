@@ -11,8 +11,6 @@ The marks are issue times: a phase that only issues mma ends before they complet
 latency lands in the phase that first reads the results (the pass's "S to smem" holds the state
 update's, the warp pass's "K S, Q S, R" the previous chunk's update). The clocked build is a little
 slower than the plain one (the atomics), so the phases' shares are what to read, not the sums.
-With ``WORKBENCH_GDN_MMA_PREPARE_PIPE=on`` prepare's phases 2-5 (gates, A) are not marked: warps
-2-7's phase 6 holds the next value head's gates and A after their P.
 """
 
 from __future__ import annotations

@@ -736,9 +736,7 @@ struct PrepSmem {
   static constexpr int QK = kC * SK * (int)sizeof(QT) / 4;
   static constexpr int Ks = 0, Qs = Ks + QK, As = Qs + QK, Xs = As + kC * kPS, Ts = Xs + kC * kPS,
                        Ps = Ts + kC * kTS, gc = Ps + kC * kPS, bt = gc + kC, nq = bt + kC,
-                       nk = nq + kC, gc2 = nk + kC, bt2 = gc2 + kC, floats = bt2 + kC;
-  // the pipelined form's second A: in the keys' and queries' space (free after the raw products)
-  static_assert(2 * QK >= kC * kPS, "A fits where the keys and queries were");
+                       nk = nq + kC, floats = nk + kC;
 };
 
 // Per (b, h, chunk), all chunks in parallel, for each of the HV / H value heads hv of key head h
@@ -753,13 +751,7 @@ struct PrepSmem {
 // diagonal blocks of (I + A)^-1 in float32 (warps 0-1, gdn_mma.h); the identity's columns by
 // blocked forward substitution (warps 0-1, 32 columns each) while warps 2-7 form P from their
 // Q K^T; then PT by mma (every warp, one 16 x 32 tile).
-// PIPE (WORKBENCH_GDN_MMA_PREPARE_PIPE=on, an A/B variable): warps 2-7 hold the K K^T tiles
-// (the same six tiles below the diagonal blocks' upper edge, where Q K^T's are), and while warps
-// 0-1 invert and substitute for value head vh, warps 2-7 form its P and then the next value head's
-// gates and A (A and the gates double-buffered: the second A where the keys and queries were), so
-// the block's value heads after the first wait for no gate scan and no A epilogue. Every value
-// is formed by the same expression from the same operands: the same bits.
-template <int K, typename QT, bool PIPE = false>
+template <int K, typename QT>
 __global__ void __launch_bounds__(kThreads, 2)
 mma_prepare(const QT* __restrict__ q, const QT* __restrict__ k, const float* __restrict__ g,
             const float* __restrict__ beta, const float* __restrict__ nq,
@@ -813,13 +805,12 @@ mma_prepare(const QT* __restrict__ q, const QT* __restrict__ k, const float* __r
   WB_CLK(0);
   // the raw products, kept for every value head: K K^T at rows ia.., columns na.. (zero tiles
   // above the diagonal blocks are not formed), Q K^T (warps 2-7) at rows ip.., columns jp..
-  // (PIPE: K K^T on warps 2-7, the tiles of Q K^T's places)
+  const int ia = (w & 3) * 16, na = (w >> 2) * 32;
   const int ip = w < 6 ? 16 * (w - 2) : 16 * (w - 4), jp = w < 6 ? 0 : 32;
-  const int ia = PIPE ? ip : (w & 3) * 16, na = PIPE ? jp : (w >> 2) * 32;
   float ka[1][4][4], pa[1][4][4];
   zero(ka);
   zero(pa);
-  if (PIPE ? w >= 2 : na <= ia + 15) {
+  if (na <= ia + 15) {
     if constexpr (is_f32<QT>)
       gemm<1, 4, K, SK, 1, 1, SK, true, true>(ka, Ks + ia * SK, Ks + na * SK, lane);
     else
@@ -832,74 +823,54 @@ mma_prepare(const QT* __restrict__ q, const QT* __restrict__ k, const float* __r
       gemm_rows16<4, K, SK, SK>(pa, Qs + ip * SK, Ks + jp * SK, lane);
   }
   WB_CLK(1);
-  // value head hv's gates over the chunk (gc: inclusive scan of g, two steps a lane; bt: beta),
-  // by one warp
-  auto scan = [&](int hv, float* gcd, float* btd) {
-    const int i0 = 2 * lane, i1 = i0 + 1;
-    const float a0 = i0 < L ? g[gdn::gate_index(b, t0 + i0, hv, T, HV)] : 0.f;
-    const float a1 = i1 < L ? g[gdn::gate_index(b, t0 + i1, hv, T, HV)] : 0.f;
-    float s = a0 + a1;
+  for (int vh = 0; vh < hvs; ++vh) {
+    const int hv = hv0 + vh;
+    float* out = tinv + (long)(row0 + (long)hv * hstride) * kChunkWs;  // Tinv, PT, the factors
+    if (w == 0) {  // inclusive scan of g over the chunk, two steps per lane
+      const int i0 = 2 * lane, i1 = i0 + 1;
+      const float a0 = i0 < L ? g[gdn::gate_index(b, t0 + i0, hv, T, HV)] : 0.f;
+      const float a1 = i1 < L ? g[gdn::gate_index(b, t0 + i1, hv, T, HV)] : 0.f;
+      float s = a0 + a1;
 #pragma unroll
-    for (int off = 1; off < 32; off <<= 1) {
-      const float y = __shfl_up_sync(0xffffffffu, s, off);
-      if (lane >= off) s += y;
+      for (int off = 1; off < 32; off <<= 1) {
+        const float y = __shfl_up_sync(0xffffffffu, s, off);
+        if (lane >= off) s += y;
+      }
+      float ex = __shfl_up_sync(0xffffffffu, s, 1);
+      if (lane == 0) ex = 0.f;
+      const float c0 = ex + a0, c1 = c0 + a1;
+      gc[i0] = c0;
+      gc[i1] = c1;
+      bt[i0] = i0 < L ? beta[gdn::gate_index(b, t0 + i0, hv, T, HV)] : 0.f;
+      bt[i1] = i1 < L ? beta[gdn::gate_index(b, t0 + i1, hv, T, HV)] : 0.f;
     }
-    float ex = __shfl_up_sync(0xffffffffu, s, 1);
-    if (lane == 0) ex = 0.f;
-    const float c0 = ex + a0, c1 = c0 + a1;
-    gcd[i0] = c0;
-    gcd[i1] = c1;
-    btd[i0] = i0 < L ? beta[gdn::gate_index(b, t0 + i0, hv, T, HV)] : 0.f;
-    btd[i1] = i1 < L ? beta[gdn::gate_index(b, t0 + i1, hv, T, HV)] : 0.f;
-  };
-  // A = K K^T, decayed and scaled, strictly lower: this warp's tile
-  auto a_tile = [&](float* Ad, const float* gcs, const float* bts) {
+    WB_CLK(2);
+    __syncthreads();
+    WB_CLK(3);
+    // A = K K^T, decayed and scaled, strictly lower
 #pragma unroll
     for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
       for (int r = 0; r < 4; ++r) {
         const int i = ia + gq + 8 * (r >> 1), j = na + nt * 8 + 2 * tq + (r & 1);
-        const float a = j < i ? bts[i] * (ka[0][nt][r] * (nkv[i] * nkv[j])) * expf(gcs[i] - gcs[j])
+        const float a = j < i ? bt[i] * (ka[0][nt][r] * (nkv[i] * nkv[j])) * expf(gc[i] - gc[j])
                               : 0.f;
-        Ad[i * kPS + j] = j / 16 < i / 16 ? rtf32(a) : a;  // below the diagonal blocks: operands
+        As[i * kPS + j] = j / 16 < i / 16 ? rtf32(a) : a;  // below the diagonal blocks: operands
       }
-  };
-  // (PIPE: A and the gates of value head vh in buffer vh % 2)
-  float* const Ab[2] = {As, sm + S::Ks};
-  float* const gcb[2] = {gc, sm + S::gc2};
-  float* const btb[2] = {bt, sm + S::bt2};
-  if constexpr (PIPE) {  // the first value head's gates and A, by warps 2-7
-    if (w == 2) scan(hv0, gc, bt);
+    WB_CLK(4);
     __syncthreads();
-    if (w >= 2) a_tile(As, gc, bt);
-    __syncthreads();
-  }
-  for (int vh = 0; vh < hvs; ++vh) {
-    const int hv = hv0 + vh, cur = PIPE ? vh & 1 : 0;
-    float* Ac = Ab[cur];
-    const float *gcc = gcb[cur], *btc = btb[cur];
-    float* out = tinv + (long)(row0 + (long)hv * hstride) * kChunkWs;  // Tinv, PT, the factors
-    if constexpr (!PIPE) {
-      if (w == 0) scan(hv, gc, bt);
-      WB_CLK(2);
-      __syncthreads();
-      WB_CLK(3);
-      a_tile(As, gc, bt);
-      WB_CLK(4);
-      __syncthreads();
-      WB_CLK(5);
-    }
+    WB_CLK(5);
     if (tid < 64) {  // warps 0-1: the diagonal blocks of (I + A)^-1, one column each
       const int o = (tid / 16) * 16, j = tid % 16;
       float x[16];
-      gdn::inverse_diag16_column(Ac, kPS, o, j, x);
+      gdn::inverse_diag16_column(As, kPS, o, j, x);
 #pragma unroll
       for (int i = 0; i < 16; ++i) Xs[(o + i) * kPS + o + j] = rtf32(x[i]);
       // (I + A)^-1, 32 columns per warp: warp 0 formed diagonal blocks 0-1 and warp 1 blocks
       // 2-3, and each warp's substitution reads all four, so the two warps meet first (named
       // barrier)
       named_sync<1, 64>();
-      solve_block_columns<kTS>(Ac, Xs, Ts + 32 * w, out + 32 * w, kC, lane, 32 * w, skip);
+      solve_block_columns<kTS>(As, Xs, Ts + 32 * w, out + 32 * w, kC, lane, 32 * w, skip);
     } else {  // warps 2-7: P, one 16 x 32 tile each of the six on or below the diagonal
 #pragma unroll
       for (int nt = 0; nt < 4; ++nt)
@@ -907,15 +878,8 @@ mma_prepare(const QT* __restrict__ q, const QT* __restrict__ k, const float* __r
         for (int r = 0; r < 4; ++r) {
           const int i = ip + gq + 8 * (r >> 1), j = jp + nt * 8 + 2 * tq + (r & 1);
           Ps[i * kPS + j] =
-              j <= i ? rtf32(pa[0][nt][r] * (nqv[i] * nkv[j]) * expf(gcc[i] - gcc[j])) : 0.f;
+              j <= i ? rtf32(pa[0][nt][r] * (nqv[i] * nkv[j]) * expf(gc[i] - gc[j])) : 0.f;
         }
-      if constexpr (PIPE) {
-        if (vh + 1 < hvs) {  // the next value head's gates and A into the other buffers
-          if (w == 2) scan(hv + 1, gcb[cur ^ 1], btb[cur ^ 1]);
-          named_sync<2, kThreads - 64>();
-          a_tile(Ab[cur ^ 1], gcb[cur ^ 1], btb[cur ^ 1]);
-        }
-      }
     }
     WB_CLK(6);
     __syncthreads();
@@ -939,22 +903,21 @@ mma_prepare(const QT* __restrict__ q, const QT* __restrict__ k, const float* __r
     {  // the passes' per-position factors (kFac): the expressions the passes evaluated themselves
        // until 2026-12-05, on the values they staged then (past the chunk's end gc 0, beta 0 and
        // norm factors 1), so the bits are theirs (benchmarks/gdn_emu_bitwise.py)
-      const float gl = gcc[L - 1];
+      const float gl = gc[L - 1];
       for (int idx = tid; idx < kFacRows * kC; idx += kThreads) {
         const int part = idx / kC, i = idx % kC;
-        const float gi = i < L ? gcc[i] : 0.f;
+        const float gi = i < L ? gc[i] : 0.f;
         float f;
         if (part == 0) f = expf(gi) * nkv[i];
         else if (part == 1) f = expf(gi) * nqv[i];
-        else if (part == 2) f = btc[i];
-        else if (part == 3) f = i < L ? expf(gl - gcc[i]) * nkv[i] : 0.f;
+        else if (part == 2) f = bt[i];
+        else if (part == 3) f = i < L ? expf(gl - gc[i]) * nkv[i] : 0.f;
         else f = i == 0 ? expf(gl) : 0.f;
         out[kFac + idx] = f;
       }
     }
     WB_CLK(9);
-    __syncthreads();  // the next value head overwrites gc, beta, A, Tinv and P (PIPE: its
-                      // A and gates are in; the one after overwrites this one's)
+    __syncthreads();  // the next value head overwrites gc, beta, A, Tinv and P
     WB_CLK(10);
     WB_CLK_COUNT();
   }
@@ -1963,14 +1926,7 @@ cudaError_t launch_chunks(const GdnArgs* a, const float* h0, float* state, int s
   const size_t s1 = sizeof(float) * PrepSmem<K, QT>::floats;
   const int HV = a->HV, V = a->V;
   cudaError_t err;
-  // WORKBENCH_GDN_MMA_PREPARE_PIPE=on: the pipelined prepare (PIPE above; A/Bs)
-  // (16-bit inputs: with float32 ones, K = 128, it spills)
-  const char* pp = getenv("WORKBENCH_GDN_MMA_PREPARE_PIPE");
-  constexpr bool kPipeable = !is_f32<QT>;
-  const bool pipe = kPipeable && pp && !strcmp(pp, "on");
-  if ((err = allow_smem(mma_prepare<K, QT, false>, s1)) != cudaSuccess) return err;
-  if constexpr (kPipeable)
-    if ((err = allow_smem(mma_prepare<K, QT, kPipeable>, s1)) != cudaSuccess) return err;
+  if ((err = allow_smem(mma_prepare<K, QT>, s1)) != cudaSuccess) return err;
   // prepare: a block per chunk and key head, for its HV / H value heads (packed: the launch's
   // NC = pk.nc chunks, all sequences)
   // (WORKBENCH_GDN_MMA_PREPARE=value-head: a block per value head, for the A/B)
@@ -1981,14 +1937,9 @@ cudaError_t launch_chunks(const GdnArgs* a, const float* h0, float* state, int s
   const int skip = !(se && !strcmp(se, "full"));
   // a launch of only empty sequences has no chunk to prepare; its pass still copies h0 (or zeros)
   // into their final states
-  if (chunks > 0) {
-    if (pipe)
-      WB_LAUNCH(chunks * (HV / hvs), kThreads, s1, s, mma_prepare<K, QT, kPipeable>)(
-          q, k, a->g, a->beta, a->nq, a->nk, a->tinv, a->T, a->H, HV, NC, hvs, skip, pk);
-    else
-      WB_LAUNCH(chunks * (HV / hvs), kThreads, s1, s, mma_prepare<K, QT, false>)(
-          q, k, a->g, a->beta, a->nq, a->nk, a->tinv, a->T, a->H, HV, NC, hvs, skip, pk);
-  }
+  if (chunks > 0)
+    WB_LAUNCH(chunks * (HV / hvs), kThreads, s1, s, mma_prepare<K, QT>)(
+        q, k, a->g, a->beta, a->nq, a->nk, a->tinv, a->T, a->H, HV, NC, hvs, skip, pk);
   const int nw = pass_plan(seqs * HV, V, is_f32<QT>, sm_count());
   // the pass launched to start beside prepare's last blocks (it waits for prepare's end before it
   // copies the workspace; after a launch of only empty sequences, which has no prepare, an

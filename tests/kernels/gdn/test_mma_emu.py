@@ -209,31 +209,12 @@ def test_emulated_dependent_launch_changes_nothing(mma_pass, monkeypatch):
     """The dependent launch (the default: the pass launched to start beside prepare's last blocks,
     its copying threads waiting for prepare's end; lean blocks asking for more shared memory where
     the grid fits on the SMs): under the emulation, which runs the kernels one after another, the
-    same bits as the ordinary launch (WORKBENCH_GDN_MMA_PDL=off), for a batch and a packed batch with empty sequences."""
+    same bits as the ordinary launch (WORKBENCH_GDN_MMA_PDL=off), for a batch and a packed batch
+    with empty sequences."""
     x = make_inputs(2, 150, 2, 4, 128, 64, dtype=torch.bfloat16, state=True, seed=5)
     same_bits_with(x, "WORKBENCH_GDN_MMA_PDL", "off", monkeypatch, mma_pass)
     p = packed_inputs([0, 1, 67, 0, 130], H=1, HV=2, K=64, V=64, dtype=torch.bfloat16, seed=9)
     same_bits_with(p, "WORKBENCH_GDN_MMA_PDL", "off", monkeypatch, mma_pass)
-
-
-@pytest.mark.parametrize("dt", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
-def test_emulated_pipelined_prepare_same_bits(dt, monkeypatch):
-    """WORKBENCH_GDN_MMA_PREPARE_PIPE=on (warps 2-7 form the next value head's gates and A while
-    warps 0-1 solve for this one, A and the gates double-buffered): bit for bit the prepare
-    before it, with 1, 2, 3 and 4 value heads a block (the buffers alternating over odd counts),
-    K 64 and 128, the norm in the kernels, a packed batch, and under drifting warps with copies
-    landing at issue (a missing barrier shows there)."""
-    for B, T, H, HV, K, V in ((1, 150, 2, 2, 128, 64), (1, 130, 1, 3, 64, 64), (2, 70, 1, 4, 64, 32)):
-        x = make_inputs(B, T, H, HV, K, V, dtype=dt, state=True, seed=21)
-        same_bits_with(x, "WORKBENCH_GDN_MMA_PREPARE_PIPE", "on", monkeypatch)
-    monkeypatch.setenv("WB_EMU_SCHED", "skew")
-    monkeypatch.setenv("WB_EMU_CP", "eager")
-    same_bits_with(make_inputs(1, 130, 1, 3, 128, 32, dtype=dt, state=True, seed=22),
-                   "WORKBENCH_GDN_MMA_PREPARE_PIPE", "on", monkeypatch, "warp")
-    monkeypatch.delenv("WB_EMU_SCHED")
-    monkeypatch.delenv("WB_EMU_CP")
-    p = packed_inputs([0, 1, 67, 0, 130], H=1, HV=3, K=64, V=64, dtype=dt, seed=9)
-    same_bits_with(p, "WORKBENCH_GDN_MMA_PREPARE_PIPE", "on", monkeypatch, "smem16")
 
 
 GUARDED = r"""
@@ -328,13 +309,17 @@ MUTATIONS = [
 ]
 
 
-def mutant_library(tmp_path, mutations):
-    """The emulation's build of gdn_mma.cu with ``mutations`` ((old, new, count) each) applied."""
+@pytest.mark.slow
+def test_emulation_catches_mutants(tmp_path, monkeypatch):
+    """The schedules above are not vacuous: gdn_mma.cu with its copy waits and barriers taken out
+    (those of the computing warps and of the warps launched to copy), built under the emulation,
+    gives wrong results where the schedule exposes it (late copies for the missing waits, drifting
+    warps for the early copy, any schedule for the missing pair barrier), whichever warps copy."""
     import ctypes
     import subprocess
 
     src = (_native.source_dir() / "gdn" / "gdn_mma.cu").read_text()
-    for old, new, count in mutations:
+    for old, new, count in MUTATIONS:
         assert src.count(old) == count, old
         src = src.replace(old, new)
     (tmp_path / "gdn").mkdir()
@@ -346,16 +331,7 @@ def mutant_library(tmp_path, mutations):
     # the mutant's directory first, so that "gdn/gdn_mma.cu" is the mutant
     cmd.insert(1, f"-I{tmp_path}")
     subprocess.run(cmd, check=True, capture_output=True)
-    return mma_emu.library(ctypes.CDLL(str(out)))
-
-
-@pytest.mark.slow
-def test_emulation_catches_mutants(tmp_path, monkeypatch):
-    """The schedules above are not vacuous: gdn_mma.cu with its copy waits and barriers taken out
-    (those of the computing warps and of the warps launched to copy), built under the emulation,
-    gives wrong results where the schedule exposes it (late copies for the missing waits, drifting
-    warps for the early copy, any schedule for the missing pair barrier), whichever warps copy."""
-    lib = mutant_library(tmp_path, MUTATIONS)
+    lib = mma_emu.library(ctypes.CDLL(str(out)))
     monkeypatch.setenv("WB_EMU_SMS", "1")
     x = make_inputs(1, 200, 1, 2, 64, 64, dtype=torch.bfloat16, state=True, seed=7)
     ro, _ = oracle.chunked(**x, qk_l2norm=True)
@@ -369,23 +345,6 @@ def test_emulation_catches_mutants(tmp_path, monkeypatch):
             assert workbench.compare(ro, good[p]).rel_l2 <= 5e-3
             o = run(x, p, monkeypatch, lib=lib)[0]
             assert not torch.isfinite(o.float()).all() or workbench.compare(ro, o).rel_l2 > 1e-2, (p, copy)
-
-
-@pytest.mark.slow
-def test_emulation_catches_a_pipelined_prepare_mutant(tmp_path, monkeypatch):
-    """The pipelined prepare's check is not vacuous: without the barrier between warp 2's scan
-    of the next value head's gates and warps 2-7 forming its A, drifting warps read gates not yet
-    written (NaN under the emulation, which fills shared memory with NaN) or the other value
-    head's, and the result moves."""
-    lib = mutant_library(tmp_path, [("          named_sync<2, kThreads - 64>();\n", "", 1)])
-    x = make_inputs(1, 130, 1, 3, 64, 64, dtype=torch.bfloat16, state=True, seed=22)
-    ro, _ = oracle.chunked(**x, qk_l2norm=True)
-    assert workbench.compare(ro, run(x, "smem", monkeypatch, lib=lib)[0]).rel_l2 <= 5e-3  # not run
-    monkeypatch.setenv("WORKBENCH_GDN_MMA_PREPARE_PIPE", "on")
-    for sched in ("lockstep", "skew"):  # warp 2's scan yields at its shuffles: both expose it
-        monkeypatch.setenv("WB_EMU_SCHED", sched)
-        o = run(x, "smem", monkeypatch, lib=lib)[0]
-        assert not torch.isfinite(o.float()).all() or workbench.compare(ro, o).rel_l2 > 1e-2, sched
 
 
 @pytest.mark.gpu
@@ -441,26 +400,6 @@ def test_gpu_dependent_launch(mma_pass, monkeypatch):
         assert torch.isfinite(w[0].float()).all()
         assert torch.equal(w[0], g[0]) and torch.equal(w[1], g[1])
         assert torch.equal(w[0], r[0]) and torch.equal(w[1], r[1])
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("dt", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
-def test_gpu_pipelined_prepare(dt, monkeypatch):
-    """On the GPU, the pipelined prepare (WORKBENCH_GDN_MMA_PREPARE_PIPE=on) gives the bits of
-    the prepare before it, with 2 and 3 value heads a block, K 64 and 128, a packed batch."""
-    from workbench.kernels import gdn
-    monkeypatch.setenv("WORKBENCH_GDN_CUDA_PATH", "mma")
-    cases = [make_inputs(1, 2000, 16, 32, 128, 128, dtype=dt, state=True, seed=3),
-             make_inputs(2, 700, 16, 48, 64, 64, dtype=dt, state=True, seed=4),
-             packed_inputs([0, 1, 700, 64, 0, 900], H=4, HV=12, K=128, V=128, dtype=dt, seed=5)]
-    for x in cases:
-        x = {n: (t.cuda() if isinstance(t, torch.Tensor) else t) for n, t in x.items()}
-        monkeypatch.delenv("WORKBENCH_GDN_MMA_PREPARE_PIPE", raising=False)
-        want = gdn.chunked(**x, qk_l2norm=True, backend="ext")
-        monkeypatch.setenv("WORKBENCH_GDN_MMA_PREPARE_PIPE", "on")
-        got = gdn.chunked(**x, qk_l2norm=True, backend="ext")
-        assert torch.isfinite(want[0].float()).all()
-        assert torch.equal(want[0], got[0]) and torch.equal(want[1], got[1])
 
 
 def test_wu_form_model_tracks_the_kernels():
