@@ -12,11 +12,13 @@ Any other variable the launcher reads at each call can be A/B'd the same way, e.
 passes' copies (``--env WORKBENCH_GDN_MMA_COPY --variants warps producer two``), prepare's grid
 (``--env WORKBENCH_GDN_MMA_PREPARE --variants value-head key-head``) or its substitution
 (``--env WORKBENCH_GDN_MMA_SOLVE --variants full short``) or how the pass is launched
-(``--env WORKBENCH_GDN_MMA_PDL --variants off wait``; a value the launcher does not know is
-its default): each row then says whether the variants' o and final state are bit for bit those
-of the first variant. A variant written ``VAR=value,VAR2=value`` sets those variables instead
-(and ``--env`` none), so that a combination is timed beside its parts, e.g.
-``--variants off wait WORKBENCH_GDN_MMA_PDL=wait,WORKBENCH_GDN_MMA_PREPARE_PIPE=on``.
+(``--env WORKBENCH_GDN_MMA_PDL --variants off wait``, the dependent launch being the default; a
+value the launcher does not know is its default): each row then says whether the variants' o and
+final state are bit for bit those of the first variant. A variant written ``VAR=value,VAR2=value``
+sets those variables instead of ``--env`` (a placeholder then), so that a combination is timed
+beside its parts, e.g. ``--env X --variants WORKBENCH_GDN_MMA_PDL=off,WORKBENCH_GDN_MMA_COPY=warps
+WORKBENCH_GDN_MMA_PDL=off WORKBENCH_GDN_MMA_COPY=warps`` (a variable a variant does not name
+keeps the launcher's default).
 """
 
 from __future__ import annotations
