@@ -407,6 +407,38 @@ inline void mma_m16n8k8_tf32(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
   for (int e = 0; e < 4; ++e) d[e] = r.v[e];
 }
 
+// mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32, d += a b for this lane's fragments, each
+// register two bf16 (the lower k or column in the low half): a0 (g, 2t..2t+1), a1 (g + 8, 2t..),
+// a2 (g, 2t + 8..), a3 (g + 8, 2t + 8..); b0 (k 2t..2t+1, n g), b1 (k 2t + 8..2t + 9, n g); c as
+// m16n8k8's. Products of two bf16 are exact in float32 (8-bit significands); sums in k order, as
+// the tf32 form above. (Not used by a kernel yet: the bf16 form of the GDN pass, docs/kernels/gdn.md
+// "Not done / next steps", is to be built on it.)
+inline void mma_m16n8k16_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  uint32_t w[6] = {a[0], a[1], a[2], a[3], b0, b1};
+  struct R {
+    float v[4];
+  };
+  const float c[4] = {d[0], d[1], d[2], d[3]};
+  R r = warp_collective(w, 6, [&](uint32_t (*st)[kWords], int lane) {
+    auto half = [](uint32_t x, int hi) { return __uint_as_float((hi ? x >> 16 : x & 0xffffu) << 16); };
+    auto A = [&](int row, int k) {  // row 0..15, k 0..15
+      const int g = row % 8, t = (k % 8) / 2, slot = (row >= 8 ? 1 : 0) + (k >= 8 ? 2 : 0);
+      return half(st[4 * g + t][slot], k % 2);
+    };
+    auto B = [&](int k, int n) { return half(st[4 * n + (k % 8) / 2][k >= 8 ? 5 : 4], k % 2); };
+    const int g = lane / 4, t = lane % 4;
+    R out;
+    for (int e = 0; e < 4; ++e) {
+      const int row = g + 8 * (e / 2), col = 2 * t + (e % 2);
+      float acc = c[e];
+      for (int k = 0; k < 16; ++k) acc += A(row, k) * B(k, col);
+      out.v[e] = acc;
+    }
+    return out;
+  });
+  for (int e = 0; e < 4; ++e) d[e] = r.v[e];
+}
+
 // ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16: lane l gives the row address of tile l / 8,
 // row l % 8 (16 bytes); r[m] holds tile m's elements (row g, columns 2t, 2t + 1) (TRANS: of the
 // transposed tile: the tile's rows 2t, 2t + 1 at column g), the lower column in the low half.

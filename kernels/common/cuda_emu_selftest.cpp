@@ -1,6 +1,6 @@
 // Checks of the host emulation of common/cuda_emu.h against the PTX ISA's definitions, written
 // independently of the kernels that use it (tests/kernels/emu/test_cuda_emu.py): the fragment
-// layouts of mma.sync m16n8k8 tf32 and ldmatrix .x4 (.trans), shuffles, cp.async groups, named
+// layouts of mma.sync m16n8k8 tf32 and m16n8k16 bf16 and ldmatrix .x4 (.trans), shuffles, cp.async groups, named
 // barriers, and that a barrier some threads never reach ends the launch with an error.
 #include "common/cuda_emu.h"
 
@@ -16,6 +16,24 @@ __global__ void mma_kernel(const float* A, const float* B, const float* C, float
   float d[4] = {C[g * 8 + 2 * t], C[g * 8 + 2 * t + 1], C[(g + 8) * 8 + 2 * t],
                 C[(g + 8) * 8 + 2 * t + 1]};
   wbemu::mma_m16n8k8_tf32(d, a, b0, b1);
+  D[g * 8 + 2 * t] = d[0];
+  D[g * 8 + 2 * t + 1] = d[1];
+  D[(g + 8) * 8 + 2 * t] = d[2];
+  D[(g + 8) * 8 + 2 * t + 1] = d[3];
+}
+
+// D (16 x 8) = A (16 x 16) B (16 x 8) + C by one bf16 mma (A and B given as bf16 bits, row-major),
+// fragments built from the PTX ISA's tables for m16n8k16 .bf16, one warp.
+__global__ void mma16_kernel(const uint16_t* A, const uint16_t* B, const float* C, float* D) {
+  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  auto pair = [](uint16_t lo, uint16_t hi) { return (uint32_t)lo | ((uint32_t)hi << 16); };
+  auto a_at = [&](int row, int col) { return pair(A[row * 16 + col], A[row * 16 + col + 1]); };
+  const uint32_t a[4] = {a_at(g, 2 * t), a_at(g + 8, 2 * t), a_at(g, 2 * t + 8), a_at(g + 8, 2 * t + 8)};
+  const uint32_t b0 = pair(B[(2 * t) * 8 + g], B[(2 * t + 1) * 8 + g]);
+  const uint32_t b1 = pair(B[(2 * t + 8) * 8 + g], B[(2 * t + 9) * 8 + g]);
+  float d[4] = {C[g * 8 + 2 * t], C[g * 8 + 2 * t + 1], C[(g + 8) * 8 + 2 * t],
+                C[(g + 8) * 8 + 2 * t + 1]};
+  wbemu::mma_m16n8k16_bf16(d, a, b0, b1);
   D[g * 8 + 2 * t] = d[0];
   D[g * 8 + 2 * t + 1] = d[1];
   D[(g + 8) * 8 + 2 * t] = d[2];
@@ -85,6 +103,11 @@ extern "C" {
 // D = A B + C for the given 16 x 8, 8 x 8, 16 x 8 row-major matrices; status
 int emu_mma(const float* A, const float* B, const float* C, float* D) {
   WB_LAUNCH(1, 32, 0, nullptr, mma_kernel)(A, B, C, D);
+  return cudaGetLastError();
+}
+// D = A B + C for 16 x 16 and 16 x 8 row-major bf16 matrices (their bits) and 16 x 8 float C
+int emu_mma16(const uint16_t* A, const uint16_t* B, const float* C, float* D) {
+  WB_LAUNCH(1, 32, 0, nullptr, mma16_kernel)(A, B, C, D);
   return cudaGetLastError();
 }
 int emu_ldmatrix(int trans, uint32_t* out) {

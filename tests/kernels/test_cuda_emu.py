@@ -20,7 +20,7 @@ _P = ctypes.c_void_p
 def lib():
     lib = _native.load("cuda_emu_selftest", ["common/cuda_emu_selftest.cpp"], kind="cpu",
                        headers=["common/cuda_emu.h"])
-    for name in ("emu_mma", "emu_ldmatrix", "emu_shfl", "emu_cp_async", "emu_named_barriers", "emu_deadlock"):
+    for name in ("emu_mma", "emu_mma16", "emu_ldmatrix", "emu_shfl", "emu_cp_async", "emu_named_barriers", "emu_deadlock"):
         getattr(lib, name).restype = ctypes.c_int
     lib.emu_ldmatrix.argtypes = [ctypes.c_int, _P]
     lib.emu_last_failure.restype = ctypes.c_char_p
@@ -48,6 +48,35 @@ def test_mma_m16n8k8_tf32_fragments(lib):
     D2 = np.zeros((16, 8), np.float32)
     assert lib.emu_mma(ptr(A2), ptr(B2), ptr(np.zeros((16, 8), np.float32)), ptr(D2)) == 0
     assert D2[3, 5] == 1.0 and np.count_nonzero(D2) == 1
+
+
+def bf16_bits(x: np.ndarray) -> np.ndarray:
+    """The bf16 bits of float32 values that bf16 holds exactly."""
+    u = np.ascontiguousarray(x, np.float32).view(np.uint32)
+    assert not (u & 0xFFFF).any(), "not bf16 values"
+    return (u >> 16).astype(np.uint16)
+
+
+def test_mma_m16n8k16_bf16_fragments(lib):
+    """D = A B + C through the m16n8k16 .bf16 fragment tables of the PTX ISA (two values a
+    register, the lower k in the low half), exact on small integers; a product of two bf16 is exact
+    in float32 (the sum of 1 + 2^-7 squared keeps its 2^-14 term)."""
+    rng = np.random.default_rng(1)
+    A = rng.integers(-8, 9, (16, 16)).astype(np.float32)
+    B = rng.integers(-8, 9, (16, 8)).astype(np.float32)
+    C = rng.integers(-50, 51, (16, 8)).astype(np.float32)
+    D = np.full((16, 8), np.nan, np.float32)
+    assert lib.emu_mma16(ptr(bf16_bits(A)), ptr(bf16_bits(B)), ptr(C), ptr(D)) == 0
+    np.testing.assert_array_equal(D, A @ B + C)
+    A2 = np.zeros((16, 16), np.float32)
+    B2 = np.zeros((16, 8), np.float32)
+    x = np.float32(1 + 2.0 ** -7)  # a bf16 value
+    A2[5, 11], B2[11, 6] = x, x
+    D2 = np.zeros((16, 8), np.float32)
+    assert lib.emu_mma16(ptr(bf16_bits(A2)), ptr(bf16_bits(B2)), ptr(np.zeros((16, 8), np.float32)),
+                         ptr(D2)) == 0
+    assert D2[5, 6] == np.float32(x) * np.float32(x) == 1 + 2.0 ** -6 + 2.0 ** -14
+    assert np.count_nonzero(D2) == 1
 
 
 @pytest.mark.parametrize("trans", [False, True])
