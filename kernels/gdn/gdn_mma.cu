@@ -1919,8 +1919,7 @@ cudaError_t launch_pass(const GdnArgs* a, const float* h0, float* state, int seq
 template <int K, typename QT>
 cudaError_t launch_chunks(const GdnArgs* a, const float* h0, float* state, int seqs, int NC,
                           const Packed& pk, cudaStream_t s) {
-  const QT *q = static_cast<const QT*>(a->q), *k = static_cast<const QT*>(a->k),
-           *v = static_cast<const QT*>(a->v);
+  const QT *q = static_cast<const QT*>(a->q), *k = static_cast<const QT*>(a->k);  // prepare's
   constexpr int kMaxSmem = 227 * 1024;  // an sm_90 block's opt-in shared memory
   static_assert(sizeof(float) * PrepSmem<K, QT>::floats <= kMaxSmem, "prepare's shared memory");
   const size_t s1 = sizeof(float) * PrepSmem<K, QT>::floats;
