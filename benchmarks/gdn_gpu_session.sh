@@ -19,8 +19,10 @@
 #                                                       # -DWB_GDN_CLOCKS); CLOCKS_PASSES="smem warp"
 #   OUT=$OUT bash benchmarks/gdn_gpu_session.sh env VAR "v1 v2" [shape filters...]
 #                                                       # gdn_pass_ab --env VAR --variants v1 v2
-#                                                       # (rounds 2): any variable the launcher
-#                                                       # reads, e.g. WORKBENCH_GDN_MMA_PDL "off wait"
+#                                                       # (rounds 2, ENV_ROUNDS=n: n): any variable
+#                                                       # the launcher reads, e.g.
+#                                                       # WORKBENCH_GDN_MMA_PDL "off wait"; a value
+#                                                       # VAR=v,VAR2=w sets those variables
 #   OUT=$OUT bash benchmarks/gdn_gpu_session.sh phases [passes...]
 #                                                       # prepare / pass GPU time at B1 T8192 HV32,
 #                                                       # each pass forced (default: all four);
@@ -86,7 +88,7 @@ case "$mode" in
     vals=${2:?env VAR "v1 v2" [shape filters]}
     shift 2
     f="$out/gdn-env-ab-$day-$var.json"
-    args=(--env "$var" --variants $vals --rounds 2 --out "$f")
+    args=(--env "$var" --variants $vals --rounds "${ENV_ROUNDS:-2}" --out "$f")
     [ $# -gt 0 ] && args+=(--only "$@")
     timeout "$limit" python3 benchmarks/gdn_pass_ab.py "${args[@]}" 2>&1 | grep -E '^\{|summary' | cut -c1-600
     stamp "$f"
