@@ -436,3 +436,20 @@ def test_wu_form_model_tracks_the_kernels():
     # closer (3.0e-4 -> 2.0e-4 here)
     b_o, b_s = wu.rel(got["tinv-bf16x2"][0], ro), wu.rel(got["tinv-bf16x2"][1], rs)
     assert b_o < 1.02 * t_o and b_s < 0.8 * t_s
+
+
+def test_pass_ab_variant_settings():
+    """benchmarks/gdn_pass_ab.py's variants: a plain value sets --env's variable; VAR=v,VAR2=w
+    sets those launcher variables (a combination timed beside its parts); anything but a
+    WORKBENCH_ variable is refused before a GPU is touched."""
+    import importlib.util
+    from pathlib import Path
+    path = Path(__file__).resolve().parents[3] / "benchmarks" / "gdn_pass_ab.py"
+    spec = importlib.util.spec_from_file_location("gdn_pass_ab", path)
+    ab = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ab)
+    assert ab._settings("WORKBENCH_GDN_MMA_PDL", "off") == {"WORKBENCH_GDN_MMA_PDL": "off"}
+    both = "WORKBENCH_GDN_MMA_PDL=wait,WORKBENCH_GDN_MMA_COPY=warps"
+    assert ab._settings("X", both) == {"WORKBENCH_GDN_MMA_PDL": "wait", "WORKBENCH_GDN_MMA_COPY": "warps"}
+    with pytest.raises(SystemExit, match="PATH"):
+        ab._settings("X", "PATH=/tmp")
