@@ -378,28 +378,26 @@ inline uint32_t cvt_rna_tf32(float x) {
   return (u + 0x1000u) & 0xffffe000u;
 }
 
-// mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32, d += a b for this lane's fragments:
-// a0 (g, t), a1 (g + 8, t), a2 (g, t + 4), a3 (g + 8, t + 4); b0 (k t, n g), b1 (k t + 4, n g);
-// c0 (g, 2t), c1 (g, 2t + 1), c2 (g + 8, 2t), c3 (g + 8, 2t + 1); g = lane / 4, t = lane % 4.
-inline void mma_m16n8k8_tf32(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+// One m16n8 mma of depth KD for this lane: d += a b, the warp's A and B fragments (a0-a3 in
+// words 0-3, b0, b1 in words 4, 5 of each lane's deposit) read through A(st, row, k) and
+// B(st, k, n); d's fragment as the PTX ISA's m16n8 tables: c0 (g, 2t), c1 (g, 2t + 1),
+// c2 (g + 8, 2t), c3 (g + 8, 2t + 1); g = lane / 4, t = lane % 4. Each product is exact in float32
+// (the operands' significands are short enough), added to the accumulator in k order.
+template <int KD, typename FA, typename FB>
+inline void mma_m16n8(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1, FA&& A,
+                      FB&& B) {
   uint32_t w[6] = {a[0], a[1], a[2], a[3], b0, b1};
   struct R {
     float v[4];
   };
   const float c[4] = {d[0], d[1], d[2], d[3]};
   R r = warp_collective(w, 6, [&](uint32_t (*st)[kWords], int lane) {
-    auto opnd = [](uint32_t x) { return __uint_as_float(x & 0xffffe000u); };
-    auto A = [&](int row, int k) {  // row 0..15, k 0..7
-      const int g = row % 8, t = k % 4, slot = (row >= 8 ? 1 : 0) + (k >= 4 ? 2 : 0);
-      return opnd(st[4 * g + t][slot]);
-    };
-    auto B = [&](int k, int n) { return opnd(st[4 * n + (k % 4)][k >= 4 ? 5 : 4]); };
     const int g = lane / 4, t = lane % 4;
     R out;
     for (int e = 0; e < 4; ++e) {
       const int row = g + 8 * (e / 2), col = 2 * t + (e % 2);
-      float acc = c[e];  // products exact in float32 (two 11-bit significands); sums in k order
-      for (int k = 0; k < 8; ++k) acc += A(row, k) * B(k, col);
+      float acc = c[e];
+      for (int k = 0; k < KD; ++k) acc += A(st, row, k) * B(st, k, col);
       out.v[e] = acc;
     }
     return out;
@@ -407,36 +405,36 @@ inline void mma_m16n8k8_tf32(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
   for (int e = 0; e < 4; ++e) d[e] = r.v[e];
 }
 
+// mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32, d += a b for this lane's fragments:
+// a0 (g, t), a1 (g + 8, t), a2 (g, t + 4), a3 (g + 8, t + 4); b0 (k t, n g), b1 (k t + 4, n g);
+// the operands' low 13 bits ignored (tf32), not rounded; products of two 11-bit significands.
+inline void mma_m16n8k8_tf32(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  auto opnd = [](uint32_t x) { return __uint_as_float(x & 0xffffe000u); };
+  mma_m16n8<8>(
+      d, a, b0, b1,
+      [&](uint32_t (*st)[kWords], int row, int k) {  // row 0..15, k 0..7
+        const int g = row % 8, t = k % 4, slot = (row >= 8 ? 1 : 0) + (k >= 4 ? 2 : 0);
+        return opnd(st[4 * g + t][slot]);
+      },
+      [&](uint32_t (*st)[kWords], int k, int n) { return opnd(st[4 * n + (k % 4)][k >= 4 ? 5 : 4]); });
+}
+
 // mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32, d += a b for this lane's fragments, each
 // register two bf16 (the lower k or column in the low half): a0 (g, 2t..2t+1), a1 (g + 8, 2t..),
-// a2 (g, 2t + 8..), a3 (g + 8, 2t + 8..); b0 (k 2t..2t+1, n g), b1 (k 2t + 8..2t + 9, n g); c as
-// m16n8k8's. Products of two bf16 are exact in float32 (8-bit significands); sums in k order, as
-// the tf32 form above. (Not used by a kernel yet: the bf16 form of the GDN pass, docs/kernels/gdn.md
-// "Not done / next steps", is to be built on it.)
+// a2 (g, 2t + 8..), a3 (g + 8, 2t + 8..); b0 (k 2t..2t+1, n g), b1 (k 2t + 8..2t + 9, n g);
+// products of two 8-bit significands. (Not used by a kernel yet: the bf16 form of the GDN pass,
+// docs/kernels/gdn.md "Not done / next steps", is to be built on it.)
 inline void mma_m16n8k16_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  uint32_t w[6] = {a[0], a[1], a[2], a[3], b0, b1};
-  struct R {
-    float v[4];
-  };
-  const float c[4] = {d[0], d[1], d[2], d[3]};
-  R r = warp_collective(w, 6, [&](uint32_t (*st)[kWords], int lane) {
-    auto half = [](uint32_t x, int hi) { return __uint_as_float((hi ? x >> 16 : x & 0xffffu) << 16); };
-    auto A = [&](int row, int k) {  // row 0..15, k 0..15
-      const int g = row % 8, t = (k % 8) / 2, slot = (row >= 8 ? 1 : 0) + (k >= 8 ? 2 : 0);
-      return half(st[4 * g + t][slot], k % 2);
-    };
-    auto B = [&](int k, int n) { return half(st[4 * n + (k % 8) / 2][k >= 8 ? 5 : 4], k % 2); };
-    const int g = lane / 4, t = lane % 4;
-    R out;
-    for (int e = 0; e < 4; ++e) {
-      const int row = g + 8 * (e / 2), col = 2 * t + (e % 2);
-      float acc = c[e];
-      for (int k = 0; k < 16; ++k) acc += A(row, k) * B(k, col);
-      out.v[e] = acc;
-    }
-    return out;
-  });
-  for (int e = 0; e < 4; ++e) d[e] = r.v[e];
+  auto half = [](uint32_t x, int hi) { return __uint_as_float((hi ? x >> 16 : x & 0xffffu) << 16); };
+  mma_m16n8<16>(
+      d, a, b0, b1,
+      [&](uint32_t (*st)[kWords], int row, int k) {  // row 0..15, k 0..15
+        const int g = row % 8, t = (k % 8) / 2, slot = (row >= 8 ? 1 : 0) + (k >= 8 ? 2 : 0);
+        return half(st[4 * g + t][slot], k % 2);
+      },
+      [&](uint32_t (*st)[kWords], int k, int n) {
+        return half(st[4 * n + (k % 8) / 2][k >= 8 ? 5 : 4], k % 2);
+      });
 }
 
 // ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16: lane l gives the row address of tile l / 8,

@@ -6,6 +6,17 @@
 
 namespace {
 
+// This lane's accumulator fragment of a 16 x 8 row-major C (c0 (g, 2t), c1 (g, 2t + 1), c2 (g + 8,
+// 2t), c3 (g + 8, 2t + 1)), and its store into D, for the m16n8 shapes.
+__device__ void c_frag(const float* C, float (&d)[4], int lane) {
+  const int g = lane / 4, t = lane % 4;
+  for (int e = 0; e < 4; ++e) d[e] = C[(g + 8 * (e / 2)) * 8 + 2 * t + e % 2];
+}
+__device__ void d_store(float* D, const float (&d)[4], int lane) {
+  const int g = lane / 4, t = lane % 4;
+  for (int e = 0; e < 4; ++e) D[(g + 8 * (e / 2)) * 8 + 2 * t + e % 2] = d[e];
+}
+
 // D (16 x 8) = A (16 x 8) B (8 x 8) + C by one mma, fragments built from the PTX ISA's tables
 // (row-major A, B and D in global memory), one warp.
 __global__ void mma_kernel(const float* A, const float* B, const float* C, float* D) {
@@ -13,13 +24,10 @@ __global__ void mma_kernel(const float* A, const float* B, const float* C, float
   const uint32_t a[4] = {__float_as_uint(A[g * 8 + t]), __float_as_uint(A[(g + 8) * 8 + t]),
                          __float_as_uint(A[g * 8 + t + 4]), __float_as_uint(A[(g + 8) * 8 + t + 4])};
   const uint32_t b0 = __float_as_uint(B[t * 8 + g]), b1 = __float_as_uint(B[(t + 4) * 8 + g]);
-  float d[4] = {C[g * 8 + 2 * t], C[g * 8 + 2 * t + 1], C[(g + 8) * 8 + 2 * t],
-                C[(g + 8) * 8 + 2 * t + 1]};
+  float d[4];
+  c_frag(C, d, lane);
   wbemu::mma_m16n8k8_tf32(d, a, b0, b1);
-  D[g * 8 + 2 * t] = d[0];
-  D[g * 8 + 2 * t + 1] = d[1];
-  D[(g + 8) * 8 + 2 * t] = d[2];
-  D[(g + 8) * 8 + 2 * t + 1] = d[3];
+  d_store(D, d, lane);
 }
 
 // D (16 x 8) = A (16 x 16) B (16 x 8) + C by one bf16 mma (A and B given as bf16 bits, row-major),
@@ -31,13 +39,10 @@ __global__ void mma16_kernel(const uint16_t* A, const uint16_t* B, const float* 
   const uint32_t a[4] = {a_at(g, 2 * t), a_at(g + 8, 2 * t), a_at(g, 2 * t + 8), a_at(g + 8, 2 * t + 8)};
   const uint32_t b0 = pair(B[(2 * t) * 8 + g], B[(2 * t + 1) * 8 + g]);
   const uint32_t b1 = pair(B[(2 * t + 8) * 8 + g], B[(2 * t + 9) * 8 + g]);
-  float d[4] = {C[g * 8 + 2 * t], C[g * 8 + 2 * t + 1], C[(g + 8) * 8 + 2 * t],
-                C[(g + 8) * 8 + 2 * t + 1]};
+  float d[4];
+  c_frag(C, d, lane);
   wbemu::mma_m16n8k16_bf16(d, a, b0, b1);
-  D[g * 8 + 2 * t] = d[0];
-  D[g * 8 + 2 * t + 1] = d[1];
-  D[(g + 8) * 8 + 2 * t] = d[2];
-  D[(g + 8) * 8 + 2 * t + 1] = d[3];
+  d_store(D, d, lane);
 }
 
 // Four 8 x 8 tiles of 16-bit values v(m, row, col) = 64 m + 8 row + col in shared memory (rows of
