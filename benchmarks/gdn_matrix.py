@@ -68,11 +68,12 @@ def _rel(a, b):
     return float(workbench.compare(a.float().cpu(), b.float().cpu()).rel_l2)
 
 
-def prefill_calls(chunk, B, T, H, HV, K, V, norm):
+def prefill_calls(chunk, B, T, H, HV, K, V, norm, keep=None):
     """One prefill shape's inputs and its two calls: ours (the public ``gdn.chunked``, ext) and
     fla's ``chunk`` on the same tensors. ``T``: a length, or a list of packed sequence lengths
     (``cu_seqlens``, one initial state per sequence). Returns (ours, peer, lengths or None, total
-    tokens, q's dtype)."""
+    tokens, q's dtype); ``keep``, a dict, receives the inputs (q, k, v, g, beta, initial_state,
+    cu_seqlens) for a third peer."""
     lengths = T if isinstance(T, list) else None
     total = sum(lengths) if lengths else T
     x = _inputs(B, total, H, HV, K, V, norm)
@@ -84,6 +85,8 @@ def prefill_calls(chunk, B, T, H, HV, K, V, norm):
         s0 = (0.1 * torch.randn(len(lengths), HV, K, V, device="cuda"))
     cu_t = torch.tensor(cu, dtype=torch.long, device="cuda") if cu else None
     extra = {"cu_seqlens": cu_t} if cu else {}
+    if keep is not None:
+        keep.update(x, initial_state=s0, cu_seqlens=cu_t)
 
     def ours():
         return gdn.chunked(x["q"], x["k"], x["v"], x["g"], x["beta"], initial_state=s0, qk_l2norm=norm,

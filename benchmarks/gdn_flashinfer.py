@@ -1,0 +1,117 @@
+"""GDN chunked prefill: ours against FlashInfer's (SM90: its CuTe DSL kernel) and fla's, side by
+side in one process, over gdn_matrix.py's prefill shapes. GPU only; FlashInfer comes from the
+folder ``benchmarks/flashinfer_carry.py``'s two archives were unpacked into (``--site``).
+
+    python benchmarks/gdn_flashinfer.py --site /tmp/fi --out benchmarks/results/gdn-flashinfer-h100-YYYY-MM-DD.json
+
+FlashInfer's ``chunk_gated_delta_rule`` takes packed ``[tokens, heads, dim]`` inputs and
+``cu_seqlens`` (a batch of B is passed as B packed sequences of T), gates in the log domain here
+(``gate_domain="log"``, ours and fla's convention), float32 beta and states. Times are CUDA-graph
+replays where FlashInfer's call can be captured, else eager calls (the row says which); o is
+compared with ours (rel L2), the final state in both orientations (FlashInfer's may be [V, K]).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import site
+import sys
+import traceback
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from gdn import _bench, _fla, _graphed, _versions  # noqa: E402
+from gdn_matrix import PREFILL, _rel, prefill_calls  # noqa: E402
+
+
+def flashinfer_call(fi, x: dict, norm: bool):
+    """FlashInfer's call on the same inputs: the batch as B packed sequences (or the given ones)."""
+    q, k, v = x["q"], x["k"], x["v"]
+    Bq, T = q.shape[0], q.shape[1]
+    flat = {n: t.reshape(Bq * T, *t.shape[2:]).contiguous() for n, t in
+            (("q", q), ("k", k), ("v", v), ("g", x["g"].float()), ("beta", x["beta"].float()))}
+    cu = x["cu_seqlens"]
+    if cu is None:
+        cu = torch.arange(0, Bq * T + 1, T, dtype=torch.int32, device=q.device)
+    s0 = x["initial_state"].float().contiguous()
+    out_state = torch.empty_like(s0)
+
+    def call():
+        return fi.chunk_gated_delta_rule(
+            flat["q"], flat["k"], flat["v"], flat["g"], flat["beta"], initial_state=s0,
+            output_final_state=True, output_state=out_state, cu_seqlens=cu,
+            use_qk_l2norm_in_kernel=norm, gate_domain="log")
+    return call, out_state
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--site", type=Path, required=True, help="the folder the two archives were unpacked into")
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--only", nargs="*", default=None, help="shapes whose name contains one of these")
+    args = ap.parse_args()
+    site.addsitedir(str(args.site))  # the DSL's .pth puts its packages on the path
+    import flashinfer
+    import flashinfer.gdn_prefill as fi
+    chunk, _ = _fla()
+    rows, errors = [], []
+    for name, B, T, H, HV, K, V, norm in PREFILL:
+        if args.only and not any(o in name for o in args.only):
+            continue
+        try:
+            x: dict = {}
+            ours, peer, lengths, total, _ = prefill_calls(chunk, B, T, H, HV, K, V, norm, keep=x)
+            o1, s1 = ours()
+            call, fs = flashinfer_call(fi, x, norm)
+            fo = call()
+            fo = fo[0] if isinstance(fo, tuple) else fo
+            torch.cuda.synchronize()
+            o_ours = o1.reshape(fo.shape)
+            rel_state = min(_rel(s1, fs), _rel(s1, fs.transpose(-1, -2)))
+            graphs = {"ours": _graphed(ours), "fla": _graphed(peer)}
+            try:
+                graphs["flashinfer"] = _graphed(call)
+                fi_timing = "graphed"
+            except Exception as e:  # a call that cannot be captured is timed eagerly
+                graphs["flashinfer"] = call
+                fi_timing = f"eager ({type(e).__name__}: {str(e)[:200]})"
+            runs = {n: [] for n in graphs}
+            for _ in range(2):
+                for n, g in graphs.items():
+                    runs[n].append(_bench(g))
+            ms = {n: min(r) for n, r in runs.items()}
+            row = {"shape": name, "B": B, "T": total, "H": H, "HV": HV, "K": K, "V": V,
+                   "varlen": bool(lengths), "norm_in_kernel": norm, "flashinfer_timing": fi_timing,
+                   **{f"ms_{n}": t for n, t in ms.items()}, **{f"ms_{n}_runs": r for n, r in runs.items()},
+                   "flashinfer_over_ours": ms["flashinfer"] / ms["ours"], "fla_over_flashinfer": ms["fla"] / ms["flashinfer"],
+                   "fla_over_ours": ms["fla"] / ms["ours"],
+                   "rel_l2_o_ours_vs_flashinfer": _rel(o_ours, fo), "rel_l2_state_ours_vs_flashinfer": rel_state}
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+        except Exception:
+            errors.append({"shape": name, "error": traceback.format_exc()[-3000:]})
+            print(f"{name}: {errors[-1]['error']}", file=sys.stderr, flush=True)
+        out = {"benchmark": "gdn_flashinfer", "command": "python " + " ".join(sys.argv),
+               "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+               "device": torch.cuda.get_device_name(),
+               "versions": {**_versions(), "flashinfer": getattr(flashinfer, "__version__", "?")},
+               "timing": "CUDA-graph replay (FlashInfer: see each row), median of do_bench, lower of two rounds",
+               "rows": rows, "errors": errors}
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(out, indent=1))
+    if rows:
+        print("summary:", json.dumps({"min_fla_over_flashinfer": min(r["fla_over_flashinfer"] for r in rows),
+                                      "min_flashinfer_over_ours": min(r["flashinfer_over_ours"] for r in rows),
+                                      "max_flashinfer_over_ours": max(r["flashinfer_over_ours"] for r in rows)}))
+    if errors:
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
