@@ -85,10 +85,10 @@ def main():
                "auto_plan": ext.mma_pass(min(len(lengths), 128) if lengths else B, HV, V, dtype)}
         outs, graphs = {}, {}
         for label in variants:
-            _force(args.env, label)
+            names = _force(args.env, label)
             outs[label] = ours()
             graphs[label] = _graphed(ours)  # the variable is read at capture: the graph keeps it
-            for var in _settings(args.env, label):
+            for var in names:
                 os.environ.pop(var, None)
         of, _ = peer()
         graphs["fla"] = _graphed(peer)

@@ -801,7 +801,7 @@ mma_prepare(const QT* __restrict__ q, const QT* __restrict__ k, const float* __r
   }
   cp_wait<0>();
   __syncthreads();
-  launch_dependents();  // the pass may start (PDL=wait; its copies wait for this grid's end)
+  launch_dependents();  // the pass may start (a dependent launch; its copies wait for this grid's end)
   WB_CLK(0);
   // the raw products, kept for every value head: K K^T at rows ia.., columns na.. (zero tiles
   // above the diagonal blocks are not formed), Q K^T (warps 2-7) at rows ip.., columns jp..
@@ -1097,7 +1097,7 @@ mma_pass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restric
     }
   };
   if (w >= kThreads / 32) {
-    wait_for_primary();  // prepare's workspace complete (PDL=wait; else nothing)
+    wait_for_primary();  // prepare's workspace complete (a dependent launch; else nothing)
     if (producers == 1) produce(std::integral_constant<int, 32>{}, tid - kThreads);
     else produce(std::integral_constant<int, 64>{}, tid - kThreads);
     return;
@@ -1518,7 +1518,7 @@ mma_wpass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restri
   float s[NS][4];
   // (the copying warp, w = NW, has no columns: past the block's, past h0's end in the last one)
   load_state_rows(s, h0 && w < NW ? h0 + at : nullptr, 0, V, gq, tq);
-  wait_for_primary();  // prepare's workspace complete (PDL=wait; else nothing)
+  wait_for_primary();  // prepare's workspace complete (a dependent launch; else nothing)
   WB_CLK_INIT(2);
   // chunk n's stage, copied by the NT threads of the NW warps (id: tid) or by the producer warp
   // (NT 32, id: lane)
@@ -1686,7 +1686,7 @@ mma_ppass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restri
   float* st = state + at;
   float s[NH][4];
   load_state_rows(s, h0 ? h0 + at : nullptr, k0, V, gq, tq);
-  wait_for_primary();  // prepare's workspace complete (PDL=wait; else nothing)
+  wait_for_primary();  // prepare's workspace complete (a dependent launch; else nothing)
   auto issue = [&](int n) {
     const int t0 = sq.first + n * kC;
     issue_warp_stage<K, QT, NP, NTH>(sm + (n & 1) * P::floats, q, k, v,

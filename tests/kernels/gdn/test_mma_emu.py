@@ -402,6 +402,17 @@ def test_gpu_dependent_launch(mma_pass, monkeypatch):
         assert torch.equal(w[0], r[0]) and torch.equal(w[1], r[1])
 
 
+def benchmark_module(name: str):
+    """benchmarks/<name>.py loaded as a module (the benchmarks are scripts, not a package)."""
+    import importlib.util
+    from pathlib import Path
+    path = Path(__file__).resolve().parents[3] / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def test_wu_form_model_tracks_the_kernels():
     """benchmarks/gdn_wu_form_accuracy.py compares forms of the recurrence on a torch model of the
     kernels' roundings: its tf32 rounding is cvt.rna's (ties away from zero), its model of today's
@@ -409,12 +420,7 @@ def test_wu_form_model_tracks_the_kernels():
     models lands near today's form (closer with u through Tinv diag(beta)), its bf16 storage far
     from it, and today's form with the state split into two bf16 halves keeps o and brings the
     state closer (what the docs report)."""
-    import importlib.util
-    from pathlib import Path
-    path = Path(__file__).resolve().parents[3] / "benchmarks" / "gdn_wu_form_accuracy.py"
-    spec = importlib.util.spec_from_file_location("gdn_wu_form_accuracy", path)
-    wu = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(wu)
+    wu = benchmark_module("gdn_wu_form_accuracy")
     ulp = 2.0 ** -10
     x = torch.tensor([1 + ulp / 2, -(1 + ulp / 2), 1 + ulp / 2 - 2 ** -23, 1 + 1.5 * ulp])
     assert wu.rt(x).tolist() == [1 + ulp, -(1 + ulp), 1.0, 1 + 2 * ulp]
@@ -442,12 +448,7 @@ def test_pass_ab_variant_settings():
     """benchmarks/gdn_pass_ab.py's variants: a plain value sets --env's variable; VAR=v,VAR2=w
     sets those launcher variables (a combination timed beside its parts); anything but a
     WORKBENCH_ variable is refused before a GPU is touched."""
-    import importlib.util
-    from pathlib import Path
-    path = Path(__file__).resolve().parents[3] / "benchmarks" / "gdn_pass_ab.py"
-    spec = importlib.util.spec_from_file_location("gdn_pass_ab", path)
-    ab = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(ab)
+    ab = benchmark_module("gdn_pass_ab")
     assert ab._settings("WORKBENCH_GDN_MMA_PDL", "off") == {"WORKBENCH_GDN_MMA_PDL": "off"}
     both = "WORKBENCH_GDN_MMA_PDL=wait,WORKBENCH_GDN_MMA_COPY=warps"
     assert ab._settings("X", both) == {"WORKBENCH_GDN_MMA_PDL": "wait", "WORKBENCH_GDN_MMA_COPY": "warps"}
