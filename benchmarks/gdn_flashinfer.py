@@ -28,7 +28,23 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gdn import _bench, _fla, _graphed, _versions  # noqa: E402
-from gdn_matrix import PREFILL, _rel, prefill_calls  # noqa: E402
+from gdn_matrix import PREFILL, _rel, per_kernel, prefill_calls  # noqa: E402
+
+from workbench.kernels.gdn import oracle  # noqa: E402
+
+
+def fp64_errors(x: dict, norm: bool, outs: dict) -> dict:
+    """rel L2 of each side's o and final state against the FP64 oracle on the same inputs (the
+    chunked float64 form on the GPU, a packed batch per sequence); outs: {side: (o, state)} in
+    our layouts ([B, T, HV, V], [N, HV, K, V])."""
+    cu = x["cu_seqlens"]
+    ref_o, ref_s = oracle.chunked(x["q"], x["k"], x["v"], x["g"], x["beta"], initial_state=x["initial_state"],
+                                  qk_l2norm=norm, cu_seqlens=None if cu is None else cu.tolist())
+    got = {}
+    for side, (o, st) in outs.items():
+        got[f"rel_l2_o_{side}_vs_fp64"] = _rel(ref_o, o.reshape(ref_o.shape))
+        got[f"rel_l2_state_{side}_vs_fp64"] = _rel(ref_s, st.reshape(ref_s.shape))
+    return got
 
 
 def flashinfer_call(fi, x: dict, norm: bool):
@@ -58,6 +74,9 @@ def main():
     ap.add_argument("--site", type=Path, required=True, help="the folder the two archives were unpacked into")
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--only", nargs="*", default=None, help="shapes whose name contains one of these")
+    ap.add_argument("--accuracy", action="store_true", help="each side's o and state against the FP64 oracle")
+    ap.add_argument("--kernels", action="store_true",
+                    help="each side's GPU time per kernel (torch.profiler, eager calls)")
     args = ap.parse_args()
     site.addsitedir(str(args.site))  # the DSL's .pth puts its packages on the path
     import flashinfer
@@ -71,6 +90,7 @@ def main():
             x: dict = {}
             ours, peer, lengths, total, _ = prefill_calls(chunk, B, T, H, HV, K, V, norm, keep=x)
             o1, s1 = ours()
+            o2, s2 = peer()
             call, fs = flashinfer_call(fi, x, norm)
             fo = call()
             fo = fo[0] if isinstance(fo, tuple) else fo
@@ -95,6 +115,12 @@ def main():
                    "flashinfer_over_ours": ms["flashinfer"] / ms["ours"], "fla_over_flashinfer": ms["fla"] / ms["flashinfer"],
                    "fla_over_ours": ms["fla"] / ms["ours"],
                    "rel_l2_o_ours_vs_flashinfer": _rel(o_ours, fo), "rel_l2_state_ours_vs_flashinfer": rel_state}
+            if args.accuracy:
+                row.update(fp64_errors(x, norm, {"ours": (o1, s1), "fla": (o2, s2),
+                                                 "flashinfer": (fo, fs.transpose(-1, -2))}))
+            if args.kernels:
+                for n, fn in (("ours", ours), ("fla", peer), ("flashinfer", call)):
+                    row[f"us_per_kernel_{n}"] = per_kernel(fn)
             rows.append(row)
             print(json.dumps(row), flush=True)
         except Exception:
