@@ -123,3 +123,93 @@ def test_a_barrier_never_reached_fails_the_launch(lib):
     out = np.zeros(1, np.int32)
     assert lib.emu_deadlock(ptr(out)) == 719
     assert b"deadlock" in lib.emu_last_failure() and out[0] == 0
+
+
+# ------------------------------------------------- the models against the tensor cores (GPU)
+
+def _mixed(rng, shape, exp=6):
+    """float32 values of mixed sign and magnitude (2^-exp .. 2^exp), full 24-bit significands."""
+    return (rng.choice([-1.0, 1.0], shape) * rng.uniform(1, 2, shape)
+            * 2.0 ** rng.integers(-exp, exp + 1, shape)).astype(np.float32)
+
+
+def _to_bf16(x: np.ndarray) -> np.ndarray:
+    """x rounded to bf16 (to nearest even), as float32."""
+    u = np.ascontiguousarray(x, np.float32).view(np.uint32).astype(np.uint64)
+    u = (u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000
+    return u.astype(np.uint32).view(np.float32)
+
+
+def _emulated(lib, kind, A, B, C):
+    D = np.full((len(A), 16, 8), np.nan, np.float32)
+    for p in range(len(A)):
+        if kind == "tf32":
+            assert lib.emu_mma(ptr(A[p]), ptr(B[p]), ptr(C[p]), ptr(D[p])) == 0
+        else:
+            assert lib.emu_mma16(ptr(bf16_bits(A[p])), ptr(bf16_bits(B[p])), ptr(C[p]), ptr(D[p])) == 0
+    return D
+
+
+def _on_gpu(kind, A, B, C):
+    import torch
+    lib = _native.load("mma_probe", ["common/mma_probe.cu"], kind="cuda")
+    n = len(A)
+    dev = {"C": torch.from_numpy(C).cuda(), "D": torch.full((n, 16, 8), float("nan"), device="cuda")}
+    if kind == "tf32":
+        a, b, fn = torch.from_numpy(A).cuda(), torch.from_numpy(B).cuda(), lib.probe_mma8
+    else:
+        a = torch.from_numpy(bf16_bits(A).view(np.int16)).cuda()
+        b = torch.from_numpy(bf16_bits(B).view(np.int16)).cuda()
+        fn = lib.probe_mma16
+    fn.restype = ctypes.c_int
+    status = fn(_P(a.data_ptr()), _P(b.data_ptr()), _P(dev["C"].data_ptr()), _P(dev["D"].data_ptr()),
+                ctypes.c_int(n))
+    assert status == 0, f"CUDA status {status}"
+    return dev["D"].cpu().numpy()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["tf32", "bf16"])
+def test_tensor_cores_match_the_emulated_mma(lib, kind):
+    """The tensor cores' mma.sync (kernels/common/mma_probe.cu) and the emulation's model of it on
+    the same matrices, fragments built from the same PTX ISA tables: on small integers both equal
+    A B + C exactly (the fragment layout); a tf32 operand's low 13 bits are dropped, not rounded;
+    on values of mixed magnitude the two agree to the rounding of a float32 sum of the k + 1 terms
+    (the model adds the products in k order, rounding each sum; the tensor cores sum their own way),
+    the bound taken from each result's own terms. The share of bit-equal results is printed."""
+    import torch
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    k = 8 if kind == "tf32" else 16
+    rng = np.random.default_rng(3)
+    n = 64
+    A = rng.integers(-8, 9, (n, 16, k)).astype(np.float32)
+    B = rng.integers(-8, 9, (n, k, 8)).astype(np.float32)
+    C = rng.integers(-50, 51, (n, 16, 8)).astype(np.float32)
+    gpu, emu = _on_gpu(kind, A, B, C), _emulated(lib, kind, A, B, C)
+    np.testing.assert_array_equal(gpu, A @ B + C)
+    np.testing.assert_array_equal(emu, gpu)
+    if kind == "tf32":  # 1 + 2^-11 + 2^-12 is 1 truncated to tf32, 1 + 2^-10 rounded
+        A1 = np.zeros((1, 16, 8), np.float32)
+        A1[0, 3, 5] = np.float32(1 + 2.0 ** -11 + 2.0 ** -12)
+        B1 = np.eye(8, dtype=np.float32)[None]
+        C1 = np.zeros((1, 16, 8), np.float32)
+        got = _on_gpu(kind, A1, B1, C1)
+        assert got[0, 3, 5] == 1.0 and np.count_nonzero(got) == 1
+    A = _mixed(rng, (n, 16, k))
+    B = _mixed(rng, (n, k, 8))
+    C = _mixed(rng, (n, 16, 8), exp=9)
+    if kind == "bf16":
+        A, B = _to_bf16(A), _to_bf16(B)
+    gpu, emu = _on_gpu(kind, A, B, C), _emulated(lib, kind, A, B, C)
+    opA = A if kind == "bf16" else (A.view(np.uint32) & 0xFFFFE000).view(np.float32)
+    opB = B if kind == "bf16" else (B.view(np.uint32) & 0xFFFFE000).view(np.float32)
+    exact = opA.astype(np.float64) @ opB.astype(np.float64) + C.astype(np.float64)
+    terms = np.abs(opA.astype(np.float64)) @ np.abs(opB.astype(np.float64)) + np.abs(C.astype(np.float64))
+    bound = 2 * (k + 1) * 2.0 ** -24 * terms
+    assert np.all(np.abs(emu - exact) <= bound), "the model is off its own error bound"
+    assert np.all(np.abs(gpu - exact) <= bound), "the tensor cores are off the model's bound"
+    print(f"mma {kind}: {np.mean(gpu == emu):.4f} of {gpu.size} results bit-equal to the model; "
+          f"max |gpu - model| / terms {np.max(np.abs(gpu - emu) / terms):.3e}, "
+          f"max |gpu - exact| / terms {np.max(np.abs(gpu - exact) / terms):.3e}, "
+          f"max |model - exact| / terms {np.max(np.abs(emu - exact) / terms):.3e}")
