@@ -11,7 +11,7 @@ from workbench.kernels import backends, gdn
 from workbench.kernels.gdn._cases import make_inputs
 
 OPS = ["recurrent", "chunked", "gates", "causal_conv1d", "gated_rmsnorm"]
-MODULES = ["oracle", "torch_ref", "numba_cuda", "ext", "fla"]
+MODULES = ["oracle", "torch_ref", "numba_cuda", "ext", "fla", "flashinfer"]
 
 
 def _public_without_backend(op):
@@ -38,7 +38,7 @@ def test_backends_listing():
     assert list(df.name) == list(gdn.BACKENDS)
     row = df.set_index("name")
     assert row.loc["oracle", "available"] and row.loc["torch", "available"]
-    for name in ("numba", "fla"):  # no GPU in CI
+    for name in ("numba", "fla", "flashinfer"):  # no GPU in CI
         if not torch.cuda.is_available():
             assert not row.loc[name, "available"] and row.loc[name, "reason"]
 

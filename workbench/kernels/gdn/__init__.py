@@ -6,7 +6,8 @@ Per step, for every value head (layouts as in flash-linear-attention)::
 
 Backends (``backend=``): ``oracle`` (float64), ``torch`` (numerics-policy rounding points),
 ``numba`` (numba.cuda kernels), ``ext`` (native C++/CUDA in ``kernels/gdn/``), ``fla``
-(flash-linear-attention's Triton kernels). ``workbench.kernels.backends("gdn")`` lists them with
+(flash-linear-attention's Triton kernels), ``flashinfer`` (FlashInfer's chunked prefill, ``chunked``
+only). ``workbench.kernels.backends("gdn")`` lists them with
 their availability. Each public function checks its arguments, then calls the backend's launcher
 with the same keyword arguments.
 """
@@ -18,7 +19,7 @@ from workbench.kernels.registry import call, register_backend, register_knobs
 
 __all__ = ["recurrent", "chunked", "gates", "causal_conv1d", "gated_rmsnorm", "BACKENDS"]
 
-BACKENDS = ("oracle", "torch", "numba", "ext", "fla")
+BACKENDS = ("oracle", "torch", "numba", "ext", "fla", "flashinfer")
 # the policy knobs GDN ops read; each backend's KNOBS says which values it honours
 _RECURRENCE = ("input_dtype", "accum_dtype", "state_dtype", "output_dtype", "cuda_path")
 register_knobs("gdn", {"recurrent": _RECURRENCE, "chunked": (*_RECURRENCE, "chunk_size"), "gates": ("accum_dtype",),
@@ -41,6 +42,10 @@ register_backend("gdn", "fla", "workbench.kernels.gdn.fla",
                  install_hint="pip install flash-linear-attention==0.6.0 fla-core==0.6.0 "
                               "(needs a CUDA GPU and triton)",
                  description="flash-linear-attention chunk/fused_recurrent_gated_delta_rule")
+register_backend("gdn", "flashinfer", "workbench.kernels.gdn.flashinfer",
+                 install_hint="pip install flashinfer-python (needs a CUDA GPU; its GDN prefill "
+                              "runs on the CuTe DSL, nvidia-cutlass-dsl)",
+                 description="FlashInfer chunk_gated_delta_rule (chunked prefill; K = V)")
 
 
 def _packed(cu_seqlens) -> dict:
@@ -74,8 +79,8 @@ def recurrent(q, k, v, g, beta, *, scale=None, initial_state=None, qk_l2norm=Fal
         ``cu_seqlens[i]:cu_seqlens[i + 1]`` of T, with ``initial_state [N, HV, K, V]`` (one per
         sequence) and ``final_state [N, HV, K, V]``; no state crosses a boundary. Empty and
         length-1 sequences are allowed. Every backend gives the same bits as running each
-        sequence alone, except fla (its own packed kernel). Read on the host: pass a list or a
-        CPU tensor.
+        sequence alone, except fla and flashinfer (their own packed kernels). Read on the host:
+        pass a list or a CPU tensor.
     backend : str
         One of ``BACKENDS``; see ``workbench.kernels.backends("gdn")``.
     policy : Policy or dict, optional

@@ -1,0 +1,90 @@
+"""Adapter to FlashInfer's GDN chunked prefill (``flashinfer.gdn_prefill.chunk_gated_delta_rule``;
+on Hopper its CuTe DSL kernels; GPU only).
+
+FlashInfer takes packed ``[tokens, heads, dim]`` inputs with ``cu_seqlens`` and keeps its states as
+``[N, HV, V, K]``; ours are ``[B, T, H, K]`` and ``[N, HV, K, V]``. The adapter packs a batch of B
+as B sequences of T (a packed batch as it is), passes the gates in the log domain
+(``gate_domain="log"``: our g), beta and the states in float32, the initial state transposed,
+the longest sequence as ``max_seqlen`` (the host hint engines pass), and gives o and the final
+state back in our layouts. FlashInfer picks its own kernel (``use_cp="auto"``: context-parallel
+kernels for few long sequences, a fused kernel otherwise). It takes one head size for q/k and v
+(K = V; on SM90 and SM100 only 128, which FlashInfer itself checks), float32 state and
+accumulators and chunks of 64, so a policy that asks for anything else is refused.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import torch
+
+from workbench.errors import KernelArgumentError
+from workbench.kernels.gdn._checks import check_gdn
+from workbench.kernels.gdn._varlen import check_packed
+
+OPS = ("chunked",)
+DEVICES = ("cuda",)
+KNOBS = {"input_dtype": (None,), "output_dtype": (None,), "accum_dtype": ("fp32",), "state_dtype": ("fp32",),
+         "chunk_size": (64,), "cuda_path": ("auto",)}
+
+__all__ = ["chunked", "is_available"]
+
+INSTALL = "pip install flashinfer-python (0.7.4 was measured; needs a CUDA GPU and the CuTe DSL, nvidia-cutlass-dsl)"
+
+
+@lru_cache(maxsize=None)
+def _fi():
+    from flashinfer.gdn_prefill import chunk_gated_delta_rule
+    return chunk_gated_delta_rule
+
+
+def is_available() -> tuple[bool, str]:
+    try:
+        _fi()
+    except Exception as e:
+        return False, f"FlashInfer's GDN prefill does not import ({type(e).__name__}: {e}); {INSTALL}"
+    if not torch.cuda.is_available():
+        return False, "FlashInfer's GDN prefill needs a CUDA GPU (torch.cuda is not available)"
+    return True, "FlashInfer " + _version()
+
+
+def _version() -> str:
+    try:
+        import flashinfer
+        return getattr(flashinfer, "__version__", "?")
+    except Exception:  # pragma: no cover
+        return "?"
+
+
+def chunked(q, k, v, g, beta, *, scale=None, initial_state=None, qk_l2norm=False,
+            chunk_size=None, cu_seqlens=None, policy=None):
+    if cu_seqlens is None:
+        s = check_gdn(q, k, v, g, beta, scale, initial_state)
+        offs = [s.T * i for i in range(s.B + 1)]
+    else:
+        offs = check_packed(q, k, v, cu_seqlens, initial_state)
+        s = check_gdn(q, k, v, g, beta, scale, None if initial_state is None else initial_state[:1])
+    if s.K != s.V:
+        raise KernelArgumentError(
+            f"v: FlashInfer's GDN prefill takes one head size for q/k and v, got K = {s.K}, V = {s.V}",
+            key="v", fix="use another backend (ext, fla) for K != V")
+    n = len(offs) - 1
+    tokens = s.B * s.T
+
+    def packed(x):
+        return x.reshape(tokens, *x.shape[2:]).contiguous()
+
+    dev = q.device
+    cu = torch.tensor(offs, dtype=torch.int32, device=dev)
+    longest = max((b - a for a, b in zip(offs, offs[1:])), default=0)
+    h0 = (torch.zeros(n, s.HV, s.V, s.K, dtype=torch.float32, device=dev) if initial_state is None
+          else initial_state.to(torch.float32).transpose(-1, -2).contiguous())
+    # an empty sequence's final state is its initial state: the kernel may leave its row unwritten
+    out_state = h0.clone()
+    if tokens == 0:
+        return torch.zeros(s.B, 0, s.HV, s.V, dtype=v.dtype, device=dev), h0.transpose(-1, -2).contiguous()
+    o, _ = _fi()(packed(q), packed(k), packed(v), packed(g).float(), packed(beta).float(), scale=s.scale,
+                 initial_state=h0, output_final_state=True, output_state=out_state, cu_seqlens=cu,
+                 use_qk_l2norm_in_kernel=qk_l2norm, max_seqlen=max(longest, 1), gate_domain="log")
+    return o.reshape(s.B, s.T, *o.shape[1:]), out_state.transpose(-1, -2).contiguous()
+
