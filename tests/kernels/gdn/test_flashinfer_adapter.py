@@ -138,3 +138,55 @@ def test_gpu_flashinfer_backend_against_fp64():
         assert workbench.compare(eo.float().cpu(), o.float().cpu()).rel_l2 <= 1e-2
     for i in (0, 3):  # the packed batch's empty sequences keep their initial states
         assert torch.equal(st[i], p["initial_state"][i].float())
+
+
+def test_benchmark_rows_with_a_refused_shape(tmp_path, monkeypatch, stand_in):
+    """benchmarks/gdn_flashinfer.py on the CPU with the GPU parts replaced (timing, graphs, the
+    shapes' calls): a shape FlashInfer refuses still has ours and fla timed, is named in the
+    summary, and the others compare FlashInfer's o and state (transposed back) with ours."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[3] / "benchmarks" / "gdn_flashinfer.py"
+    spec = importlib.util.spec_from_file_location("gdn_flashinfer", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    fake = sys.modules["flashinfer.gdn_prefill"]
+    real = fake.chunk_gated_delta_rule
+
+    def refusing(q, *a, **kw):
+        if q.shape[-1] != 32:
+            raise RuntimeError(f"DSL kernel only supports D=32, got {q.shape[-1]}")
+        return real(q, *a, **kw)
+
+    monkeypatch.setattr(fake, "chunk_gated_delta_rule", refusing)
+
+    def calls(chunk, B, T, H, HV, K, V, norm, keep=None):
+        x = make_inputs(B, T, H, HV, K, V, dtype=torch.float32, state=True, seed=B + K)
+        keep.update(x, cu_seqlens=None)
+
+        def ours():
+            return oracle.chunked(**x, qk_l2norm=norm)
+        return ours, ours, None, T, x["q"].dtype
+
+    times = iter(range(1, 1000))
+    monkeypatch.setattr(bench, "PREFILL", [("d32", 2, 70, 1, 2, 32, 32, True), ("d16", 1, 40, 1, 2, 16, 16, False)])
+    monkeypatch.setattr(bench, "prefill_calls", calls)
+    monkeypatch.setattr(bench, "_fla", lambda: (None, None))
+    monkeypatch.setattr(bench, "_graphed", lambda fn: fn)
+    monkeypatch.setattr(bench, "_bench", lambda fn: float(next(times)))
+    monkeypatch.setattr(bench.site, "addsitedir", lambda d: None)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda: "stand-in")
+    out = tmp_path / "fi.json"
+    monkeypatch.setattr(sys, "argv", ["gdn_flashinfer.py", "--site", str(tmp_path), "--out", str(out),
+                                      "--accuracy"])
+    bench.main()
+    rows = {r["shape"]: r for r in json.loads(out.read_text())["rows"]}
+    assert rows["d16"]["flashinfer_timing"].startswith("refused (RuntimeError: DSL kernel only supports D=32")
+    assert "ms_flashinfer" not in rows["d16"] and rows["d16"]["ms_ours"] > 0 and rows["d16"]["ms_fla"] > 0
+    assert rows["d32"]["flashinfer_timing"] == "graphed" and rows["d32"]["ms_flashinfer"] > 0
+    assert rows["d32"]["rel_l2_state_ours_vs_flashinfer"] < 1e-6
+    assert rows["d32"]["rel_l2_o_ours_vs_flashinfer"] < 1e-6
+    assert rows["d32"]["rel_l2_state_flashinfer_vs_fp64"] < 1e-6
