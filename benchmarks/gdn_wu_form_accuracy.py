@@ -24,9 +24,28 @@ Both forms round what a tensor-core kernel feeds its tf32 products (round to nea
   ``lo = bf16(x - hi)`` (16 significant bits instead of tf32's 11), as bf16 ``mma.m16n8k16``
   would take them against the keys and queries, which are bf16 already (no conversion); Tinv R
   and PT R stay tf32.
+- ``fused-bf16``: FlashInfer's fused SM90 kernel's roundings (read from its source, 0.7.4): every
+  product's operands in bf16: the state (as the operand of ``K S`` and ``Q S``), ``V - exp(gc) K S``
+  (bf16 arithmetic on bf16 V), ``T = Tinv diag(beta)``, the decayed masked ``Q K^T`` (P) and
+  ``U = T (V - ...)`` (as the operand of o's intra-chunk product ``P U``, then decayed and rounded
+  again as the update's operand against K); accumulators and the state in float32. Its inverse is
+  modelled as formed in float32 and rounded once (FlashInfer's blockwise doubling rounds its
+  intermediates too). It calibrates the model against a kernel measured on the GPU
+  (``gdn-flashinfer-h100-2026-12-06-accuracy-kernels.json``).
+- ``fused-ud2``, ``fused-ud2-o2``, ``fused-x2``: the same kernel with some operands as two bf16
+  halves (``hi = bf16(x)``, ``lo = bf16(x - hi)``; each split costs that product a second or
+  third bf16 MMA): the update's operand; also P and U in ``P U``; also T and ``V - K S`` (formed
+  in float32) in ``T (V - K S)``; ``fused-x2s`` also the state in ``K S`` and ``Q S``. Which of
+  FlashInfer's roundings a fused kernel would have to avoid to keep our accuracy (``FUSED``
+  below).
 
-Each shape runs twice: beta representable in bf16 (as engines and the tests pass it) and beta in
-float32 (not exact in tf32).
+Each form's o is also reported rounded to bf16 (``o_bf16``), as the kernels return it for bf16
+inputs: that rounding dominates o's error for the closer forms.
+
+Each shape runs with beta representable in bf16 (as engines and the tests pass it), K = V = 128
+also with beta in float32 (not exact in tf32) and with gates a tenth of make_inputs' (mean -0.018
+a step, about e^-1.2 a chunk instead of e^-11: with make_inputs' gates a chunk nearly forgets the
+state it started from, so the state's own rounding in ``K S`` weighs little; slow gates weigh it).
 
 The model is checked against the CPU emulation of the real kernels (``mma_emu``) on a smaller
 problem: ``tinv``'s distance to the emulation is reported next to its distance to FP64, and must
@@ -54,7 +73,17 @@ from workbench.kernels.gdn._cases import make_inputs  # noqa: E402
 from workbench.numerics.portable import cpu_name  # noqa: E402
 
 C = 64
-FORMS = ("tinv", "wu", "wu-bf16", "wu-tb", "wu-tb-wbf16", "tinv-bf16x2")
+FORMS = ("tinv", "wu", "wu-bf16", "wu-tb", "wu-tb-wbf16", "tinv-bf16x2", "fused-bf16", "fused-ud2",
+         "fused-ud2-o2", "fused-x2", "fused-x2s")
+# the fused forms: how each operand is rounded (bf: bf16; x2: two bf16 halves; f32: not rounded):
+# S the state in K S and Q S, SK the product K S before V - K S, VMS V - K S, T = Tinv diag(beta),
+# P the decayed masked Q K^T, U in P U (and before the update's decay), UD the update's operand
+_FI = {"S": "bf", "SK": "bf", "VMS": "bf", "T": "bf", "P": "bf", "U": "bf", "UD": "bf"}
+FUSED = {"fused-bf16": _FI,
+         "fused-ud2": {**_FI, "UD": "x2"},
+         "fused-ud2-o2": {**_FI, "UD": "x2", "P": "x2", "U": "x2"},
+         "fused-x2": {**_FI, "UD": "x2", "P": "x2", "U": "x2", "T": "x2", "SK": "f32", "VMS": "x2"}}
+FUSED["fused-x2s"] = {**FUSED["fused-x2"], "S": "x2"}
 
 
 def rt(x: torch.Tensor) -> torch.Tensor:
@@ -67,17 +96,25 @@ def bf(x: torch.Tensor) -> torch.Tensor:
     return x.to(torch.bfloat16).float()
 
 
-def chunk_mats(k, q, g, beta):
+def bf2(x: torch.Tensor) -> torch.Tensor:
+    """x as two bf16 halves, hi = bf16(x), lo = bf16(x - hi), summed (16 significant bits)."""
+    hi = bf(x)
+    return hi + bf(x - hi)
+
+
+def chunk_mats(k, q, g, beta, rnd=None):
     """One chunk of one head (float32 [L, K] keys / queries, [L] gates and beta): gc, Tinv (tf32,
-    lower, unit diagonal) and P (tf32, lower with the diagonal), as prepare forms them."""
+    lower, unit diagonal) and P (tf32, lower with the diagonal), as prepare forms them (rnd: the
+    rounding of Tinv and P instead of tf32's; ``lambda x: x`` keeps them float32)."""
+    rnd = rnd or rt
     L = k.shape[0]
     gc = torch.cumsum(g, 0)
     dec = torch.exp(gc[:, None] - gc[None, :])
     low = torch.tril(torch.ones(L, L, dtype=torch.bool), -1)
     a = torch.where(low, beta[:, None] * (k @ k.T) * dec, torch.zeros((), dtype=torch.float32))
     eye = torch.eye(L, dtype=torch.float32)
-    tinv = rt(torch.linalg.solve_triangular(eye + a, eye, upper=False, unitriangular=True))
-    p = rt(torch.where(low | torch.eye(L, dtype=torch.bool), (q @ k.T) * dec,
+    tinv = rnd(torch.linalg.solve_triangular(eye + a, eye, upper=False, unitriangular=True))
+    p = rnd(torch.where(low | torch.eye(L, dtype=torch.bool), (q @ k.T) * dec,
                        torch.zeros((), dtype=torch.float32)))
     return gc, tinv, p
 
@@ -90,6 +127,16 @@ def run_form(form, q, k, v, g, beta, s0, scale):
     for t0 in range(0, T, C):
         sl = slice(t0, min(t0 + C, T))
         kc, qc, vc, bc = k[sl], q[sl], v[sl], beta[sl]
+        if form in FUSED:  # a fused kernel of FlashInfer's shape, bf16 products
+            r = {n: {"bf": bf, "x2": bf2, "f32": lambda t: t}[m] for n, m in FUSED[form].items()}
+            gc, tinv, p = chunk_mats(kc, qc, g[sl], bc, rnd=lambda t: t)
+            eg, gl = torch.exp(gc)[:, None], gc[-1]
+            sb = r["S"](S)
+            vms = r["VMS"](vc - r["SK"](eg * (kc @ sb)))
+            ur = r["U"](r["T"](tinv * bc[None, :]) @ vms)
+            o[sl] = scale * (eg * (qc @ sb) + r["P"](p) @ ur)
+            S = torch.exp(gl) * S + kc.T @ r["UD"](torch.exp(gl - gc)[:, None] * ur)
+            continue
         gc, tinv, p = chunk_mats(kc, qc, g[sl], bc)
         eg, gl = torch.exp(gc)[:, None], gc[-1]
         sr = rt(S)
@@ -141,8 +188,10 @@ def model(form, x, scale):
     return o, S
 
 
-def problem(B, T, H, HV, K, V, seed, beta32=False):
+def problem(B, T, H, HV, K, V, seed, beta32=False, gate_scale=1.0):
     x = make_inputs(B, T, H, HV, K, V, dtype=torch.bfloat16, state=True, seed=seed)
+    if gate_scale != 1.0:  # slower decay: make_inputs' gates (mean -0.18 a step) scaled
+        x["g"] = x["g"] * gate_scale
     if beta32:  # beta in float32, not exact in bf16 or tf32
         gen = torch.Generator().manual_seed(seed + 100)
         x["beta"] = torch.sigmoid(torch.randn(x["beta"].shape, generator=gen))
@@ -165,15 +214,16 @@ def main():
                     help="model 'tinv' against the CPU emulation of the kernels (builds it)")
     args = ap.parse_args()
     rows = []
-    for K, beta32 in ((128, False), (64, False), (128, True)):
-        x = problem(1, args.T, 2, 4, K, K, seed=5, beta32=beta32)
+    for K, beta32, gs in ((128, False, 1.0), (64, False, 1.0), (128, True, 1.0), (128, False, 0.1)):
+        x = problem(1, args.T, 2, 4, K, K, seed=5, beta32=beta32, gate_scale=gs)
         scale = K ** -0.5
         ro, rs = oracle.chunked(**x, scale=scale)
         row = {"shape": f"B1 T{args.T} H2 HV4 K{K} V{K}",
-               "beta": "float32" if beta32 else "bf16-representable", "vs_fp64": {}}
+               "beta": "float32" if beta32 else "bf16-representable",
+               "gates": f"make_inputs' x {gs} (mean {float(x['g'].float().mean()):.3f} a step)", "vs_fp64": {}}
         for form in FORMS:
             o, s = model(form, x, scale)
-            row["vs_fp64"][form] = {"o": rel(o, ro), "state": rel(s, rs)}
+            row["vs_fp64"][form] = {"o": rel(o, ro), "o_bf16": rel(bf(o), ro), "state": rel(s, rs)}
         rows.append(row)
         print(json.dumps(row))
     check = None
