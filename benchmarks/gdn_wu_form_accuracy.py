@@ -35,7 +35,9 @@ Both forms round what a tensor-core kernel feeds its tf32 products (round to nea
 - ``fused-ud2``, ``fused-ud2-o2``, ``fused-x2``: the same kernel with some operands as two bf16
   halves (``hi = bf16(x)``, ``lo = bf16(x - hi)``; each split costs that product a second or
   third bf16 MMA): the update's operand; also P and U in ``P U``; also T and ``V - K S`` (formed
-  in float32) in ``T (V - K S)``; ``fused-x2s`` also the state in ``K S`` and ``Q S``. Which of
+  in float32) in ``T (V - K S)``; ``fused-x2s`` also the state in ``K S`` and ``Q S``;
+  ``fused-tf32`` every product in tf32 (wgmma's tf32 form: the keys, queries and values exact in
+  it, the rest rounded as today's kernels round them). Which of
   FlashInfer's roundings a fused kernel would have to avoid to keep our accuracy (``FUSED``
   below).
 
@@ -74,8 +76,9 @@ from workbench.numerics.portable import cpu_name  # noqa: E402
 
 C = 64
 FORMS = ("tinv", "wu", "wu-bf16", "wu-tb", "wu-tb-wbf16", "tinv-bf16x2", "fused-bf16", "fused-ud2",
-         "fused-ud2-o2", "fused-x2", "fused-x2s")
-# the fused forms: how each operand is rounded (bf: bf16; x2: two bf16 halves; f32: not rounded):
+         "fused-ud2-o2", "fused-x2", "fused-x2s", "fused-tf32")
+# the fused forms: how each operand is rounded (bf: bf16; x2: two bf16 halves; tf: tf32; f32: not
+# rounded):
 # S the state in K S and Q S, SK the product K S before V - K S, VMS V - K S, T = Tinv diag(beta),
 # P the decayed masked Q K^T, U in P U (and before the update's decay), UD the update's operand
 _FI = {"S": "bf", "SK": "bf", "VMS": "bf", "T": "bf", "P": "bf", "U": "bf", "UD": "bf"}
@@ -84,6 +87,7 @@ FUSED = {"fused-bf16": _FI,
          "fused-ud2-o2": {**_FI, "UD": "x2", "P": "x2", "U": "x2"},
          "fused-x2": {**_FI, "UD": "x2", "P": "x2", "U": "x2", "T": "x2", "SK": "f32", "VMS": "x2"}}
 FUSED["fused-x2s"] = {**FUSED["fused-x2"], "S": "x2"}
+FUSED["fused-tf32"] = {n: "tf" for n in _FI} | {"SK": "f32"}
 
 
 def rt(x: torch.Tensor) -> torch.Tensor:
@@ -128,7 +132,7 @@ def run_form(form, q, k, v, g, beta, s0, scale):
         sl = slice(t0, min(t0 + C, T))
         kc, qc, vc, bc = k[sl], q[sl], v[sl], beta[sl]
         if form in FUSED:  # a fused kernel of FlashInfer's shape, bf16 products
-            r = {n: {"bf": bf, "x2": bf2, "f32": lambda t: t}[m] for n, m in FUSED[form].items()}
+            r = {n: {"bf": bf, "x2": bf2, "tf": rt, "f32": lambda t: t}[m] for n, m in FUSED[form].items()}
             gc, tinv, p = chunk_mats(kc, qc, g[sl], bc, rnd=lambda t: t)
             eg, gl = torch.exp(gc)[:, None], gc[-1]
             sb = r["S"](S)

@@ -449,6 +449,8 @@ def test_wu_form_model_tracks_the_kernels():
     assert f_o > 5 * t_o and f_s > 5 * t_s
     assert wu.rel(got["fused-x2"][0], ro) < 1.2 * t_o and wu.rel(got["fused-x2"][1], rs) < 0.05 * t_s
     assert wu.rel(got["fused-x2s"][0], ro) < 0.05 * t_o
+    # ... and with every product in tf32 as today's (wgmma's tf32 form)
+    assert wu.rel(got["fused-tf32"][0], ro) < 1.3 * t_o and wu.rel(got["fused-tf32"][1], rs) < 1.3 * t_s
 
 
 def test_pass_ab_variant_settings():
