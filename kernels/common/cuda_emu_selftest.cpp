@@ -3,46 +3,32 @@
 // layouts of mma.sync m16n8k8 tf32 and m16n8k16 bf16 and ldmatrix .x4 (.trans), shuffles, cp.async groups, named
 // barriers, and that a barrier some threads never reach ends the launch with an error.
 #include "common/cuda_emu.h"
+#include "common/mma_frags.h"
 
 namespace {
-
-// This lane's accumulator fragment of a 16 x 8 row-major C (c0 (g, 2t), c1 (g, 2t + 1), c2 (g + 8,
-// 2t), c3 (g + 8, 2t + 1)), and its store into D, for the m16n8 shapes.
-__device__ void c_frag(const float* C, float (&d)[4], int lane) {
-  const int g = lane / 4, t = lane % 4;
-  for (int e = 0; e < 4; ++e) d[e] = C[(g + 8 * (e / 2)) * 8 + 2 * t + e % 2];
-}
-__device__ void d_store(float* D, const float (&d)[4], int lane) {
-  const int g = lane / 4, t = lane % 4;
-  for (int e = 0; e < 4; ++e) D[(g + 8 * (e / 2)) * 8 + 2 * t + e % 2] = d[e];
-}
 
 // D (16 x 8) = A (16 x 8) B (8 x 8) + C by one mma, fragments built from the PTX ISA's tables
 // (row-major A, B and D in global memory), one warp.
 __global__ void mma_kernel(const float* A, const float* B, const float* C, float* D) {
-  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  const uint32_t a[4] = {__float_as_uint(A[g * 8 + t]), __float_as_uint(A[(g + 8) * 8 + t]),
-                         __float_as_uint(A[g * 8 + t + 4]), __float_as_uint(A[(g + 8) * 8 + t + 4])};
-  const uint32_t b0 = __float_as_uint(B[t * 8 + g]), b1 = __float_as_uint(B[(t + 4) * 8 + g]);
+  const int lane = threadIdx.x % 32;
+  uint32_t a[4], b0, b1;
+  wbfrag::ab_k8(A, B, lane, a, b0, b1);
   float d[4];
-  c_frag(C, d, lane);
+  wbfrag::c_frag(C, d, lane);
   wbemu::mma_m16n8k8_tf32(d, a, b0, b1);
-  d_store(D, d, lane);
+  wbfrag::d_store(D, d, lane);
 }
 
 // D (16 x 8) = A (16 x 16) B (16 x 8) + C by one bf16 mma (A and B given as bf16 bits, row-major),
 // fragments built from the PTX ISA's tables for m16n8k16 .bf16, one warp.
 __global__ void mma16_kernel(const uint16_t* A, const uint16_t* B, const float* C, float* D) {
-  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  auto pair = [](uint16_t lo, uint16_t hi) { return (uint32_t)lo | ((uint32_t)hi << 16); };
-  auto a_at = [&](int row, int col) { return pair(A[row * 16 + col], A[row * 16 + col + 1]); };
-  const uint32_t a[4] = {a_at(g, 2 * t), a_at(g + 8, 2 * t), a_at(g, 2 * t + 8), a_at(g + 8, 2 * t + 8)};
-  const uint32_t b0 = pair(B[(2 * t) * 8 + g], B[(2 * t + 1) * 8 + g]);
-  const uint32_t b1 = pair(B[(2 * t + 8) * 8 + g], B[(2 * t + 9) * 8 + g]);
+  const int lane = threadIdx.x % 32;
+  uint32_t a[4], b0, b1;
+  wbfrag::ab_k16(A, B, lane, a, b0, b1);
   float d[4];
-  c_frag(C, d, lane);
+  wbfrag::c_frag(C, d, lane);
   wbemu::mma_m16n8k16_bf16(d, a, b0, b1);
-  d_store(D, d, lane);
+  wbfrag::d_store(D, d, lane);
 }
 
 // Four 8 x 8 tiles of 16-bit values v(m, row, col) = 64 m + 8 row + col in shared memory (rows of
