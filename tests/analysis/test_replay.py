@@ -1,3 +1,4 @@
+import json
 from pathlib import Path
 
 import pytest
@@ -125,7 +126,7 @@ def test_a_user_registered_adapter_replays_captures_with_other_names(tmp_path):
 def test_bundled_adapters_exist_without_installed_metadata():
     # a checkout used without `pip install` (PYTHONPATH only: the GPU machine) has no entry points
     from workbench.analysis.replay import REGISTRY
-    for name in ("gdn", "qsa_merge", "qsa"):
+    for name in ("gdn", "gdn_chunked", "qsa_merge", "qsa"):
         assert REGISTRY.entry(name).source == "builtin"
         assert isinstance(REGISTRY.load(name), OpAdapter)
 
@@ -148,3 +149,28 @@ def test_a_packed_prefill_replays_as_it_was_run(tmp_path):
     assert ds.attrs["n_cases"] == 1
     assert float(ds.err_captured.sel(variant="bf16").max()) == 0.0  # reproduced bit for bit, packed
     assert float(ds.err_captured.sel(variant="fp32").min()) > 1e-4
+
+
+def test_a_packed_prefill_replays_through_the_chunked_kernels(tmp_path):
+    # gdn_chunked: the same captured cases through gdn.chunked, the kernels engines run prefill
+    # with; a chunked-only backend (flashinfer) is then a candidate, skipped here for what it
+    # lacks (no FlashInfer, no GPU), not for the op
+    from workbench.kernels.gdn._cases import packed_inputs
+    x = packed_inputs([5, 1, 0, 70], H=2, HV=4, K=8, V=8, seed=6)
+    o, s = gdn.recurrent(**x, qk_l2norm=True, backend="torch", policy={"state_dtype": "bf16"})
+    with CaptureWriter(tmp_path / "cap", arm="packed") as w:
+        for n in ("q", "k", "v", "g", "beta"):
+            w.add(x[n][0], op="linear_attn", name=n, layer=0)
+        w.add(torch.tensor(x["cu_seqlens"], dtype=torch.int32), op="linear_attn", name="cu_seqlens", layer=0)
+        w.add(x["initial_state"], op="linear_attn", name="initial_state", layer=0)
+        w.add(o[0], op="linear_attn", name="core", layer=0)
+        w.add(s, op="linear_attn", name="state", layer=0)
+    cap = open_capture(tmp_path / "cap")
+    ds = replay(cap, op="gdn_chunked", capture_op="linear_attn", output="state",
+                backends=("torch", "ext", "flashinfer"))
+    assert ds.attrs["op"] == "gdn_chunked" and ds.attrs["n_cases"] == 1
+    for b in ("torch", "ext"):
+        assert float(ds.err_oracle.sel(variant=f"{b}:default").max()) < 1e-5, b
+        assert int(ds.n_closer.sel(variant=f"{b}:default")) == 1  # fp32 beats the bf16-state capture
+    assert "flashinfer" in ds.attrs["skipped"] and "cannot run here" in ds.attrs["skipped"]
+    assert any(r["op"] == "chunked" and r["backend"] == "torch" for r in json.loads(ds.attrs["kernels"]))

@@ -64,7 +64,7 @@ REGISTRY = Registry("replay adapter", "workbench.replay_adapters", check=_check_
 # the bundled model's adapters are built in: registered here too, so that they exist where the
 # package runs from a checkout without installed metadata (entry points need an installed
 # distribution); the entry points of the same names and targets are then the same entries
-for _name in ("gdn", "qsa_merge", "qsa"):
+for _name in ("gdn", "gdn_chunked", "qsa_merge", "qsa"):
     REGISTRY.register(_name, f"workbench.models.hybrid_replay:{_name.upper()}", source="builtin")
 
 
@@ -124,7 +124,8 @@ def replay(capture, *, op: str, backends: Sequence[str] = ("torch",), policies: 
     Parameters
     ----------
     capture: the capture (or path) holding the inputs and the captured (control) outputs
-    op: a registered replay adapter (:func:`adapters`; the bundled model's: "gdn", "qsa_merge", "qsa")
+    op: a registered replay adapter (:func:`adapters`; the bundled model's: "gdn", "gdn_chunked",
+        "qsa_merge", "qsa")
     backends: kernel backends (one that cannot run here is skipped and listed in attrs)
     policies: Policies or knob dicts, or ``{label: policy}`` (default: the fp32 ``Policy()``)
     output: the output to judge (default the adapter's first: ``core``, ``o``)

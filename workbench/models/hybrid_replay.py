@@ -1,6 +1,6 @@
 """Replay adapters for the tensor names the bundled hybrid decoder writes
 (:mod:`workbench.models.hybrid`), registered through the ``workbench.replay_adapters`` entry
-points (pyproject.toml) under ``gdn``, ``qsa_merge`` and ``qsa``.
+points (pyproject.toml) under ``gdn``, ``gdn_chunked``, ``qsa_merge`` and ``qsa``.
 
 ``gdn`` (a decode step of :func:`workbench.kernels.gdn.recurrent`)
     inputs ``gdn/q, k`` ``[T, H, K]``, ``v`` ``[T, HV, V]``, ``g, beta`` ``[T, HV]`` at the step,
@@ -11,6 +11,11 @@ points (pyproject.toml) under ``gdn``, ``qsa_merge`` and ``qsa``.
     ``cu_seqlens`` ``[N + 1]``: ``state`` is then ``[N, HV, K, V]``, the initial states
     ``gdn/initial_state`` ``[N, HV, K, V]`` at the step when captured, else the step before's
     ``state`` when it holds N sequences (zeros at step 0).
+
+``gdn_chunked`` (the same cases through :func:`workbench.kernels.gdn.chunked`)
+    the inputs and outputs of ``gdn``, replayed through the chunked kernels an engine runs its
+    prefill with (the mma path of ``ext``, ``fla``, ``flashinfer``, which implements ``chunked``
+    only); its reference is the oracle's chunked form.
 
 Each reads the op the bundled decoder writes (``gdn``, ``qsa``); ``replay(..., capture_op=)`` points
 it at the same tensor names under another op (an engine's module name, say).
@@ -30,7 +35,7 @@ from workbench.analysis.replay import OpAdapter
 from workbench.capture.reader import Capture
 from workbench.kernels import gdn, qsa
 
-__all__ = ["GDN", "QSA_MERGE", "QSA"]
+__all__ = ["GDN", "GDN_CHUNKED", "QSA_MERGE", "QSA"]
 
 
 def _gdn_load(cap: Capture, rank: int, step: int, layer: int, op: str = "gdn"):
@@ -73,6 +78,12 @@ def _gdn_run(x, backend, policy):
     return {"core": o[0], "state": s if x.get("cu_seqlens") is not None else s[0]}
 
 
+def _gdn_chunked_run(x, backend, policy):
+    o, s = gdn.chunked(x["q"], x["k"], x["v"], x["g"], x["beta"], initial_state=x["initial_state"],
+                       qk_l2norm=True, backend=backend, policy=policy, cu_seqlens=x.get("cu_seqlens"))
+    return {"core": o[0], "state": s if x.get("cu_seqlens") is not None else s[0]}
+
+
 def _merge_load(cap: Capture, rank: int, step: int, layer: int, op: str = "qsa"):
     try:
         return {n: cap.get(op=op, rank=rank, step=step, layer=layer, name=n).float()
@@ -111,6 +122,9 @@ def _adapter(op, names, outputs, load, run, knobs) -> OpAdapter:
 
 GDN = _adapter("gdn", ("q", "k", "v", "g", "beta", "state"), ("core", "state"), _gdn_load, _gdn_run,
                knobs={"state_dtype": ["bf16", "fp16"], "input_dtype": ["bf16"], "accum_dtype": ["fp64"]})
+GDN_CHUNKED = _adapter("gdn", ("q", "k", "v", "g", "beta", "state"), ("core", "state"), _gdn_load,
+                       _gdn_chunked_run, knobs={"state_dtype": ["bf16", "fp16"], "input_dtype": ["bf16"],
+                                                "accum_dtype": ["fp64"], "chunk_size": [16]})
 QSA_MERGE = _adapter("qsa", ("partial_o", "partial_lse", "gate"), ("o", "lse", "gated"), _merge_load, _merge_run,
                      knobs={"prob_dtype": ["fp16"], "num_kv_splits": [4]})
 QSA = _adapter("qsa", ("q", "k_cache", "v_cache", "block_table", "indices"), ("o", "lse"), _qsa_load, _qsa_run,
