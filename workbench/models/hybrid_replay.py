@@ -72,16 +72,13 @@ def _gdn_load(cap: Capture, rank: int, step: int, layer: int, op: str = "gdn"):
     return x
 
 
-def _gdn_run(x, backend, policy):
-    o, s = gdn.recurrent(x["q"], x["k"], x["v"], x["g"], x["beta"], initial_state=x["initial_state"],
-                         qk_l2norm=True, backend=backend, policy=policy, cu_seqlens=x.get("cu_seqlens"))
-    return {"core": o[0], "state": s if x.get("cu_seqlens") is not None else s[0]}
-
-
-def _gdn_chunked_run(x, backend, policy):
-    o, s = gdn.chunked(x["q"], x["k"], x["v"], x["g"], x["beta"], initial_state=x["initial_state"],
-                       qk_l2norm=True, backend=backend, policy=policy, cu_seqlens=x.get("cu_seqlens"))
-    return {"core": o[0], "state": s if x.get("cu_seqlens") is not None else s[0]}
+def _gdn_runner(op: str):
+    """The run of a GDN adapter through ``gdn.<op>`` (recurrent or chunked)."""
+    def run(x, backend, policy):
+        o, s = getattr(gdn, op)(x["q"], x["k"], x["v"], x["g"], x["beta"], initial_state=x["initial_state"],
+                                qk_l2norm=True, backend=backend, policy=policy, cu_seqlens=x.get("cu_seqlens"))
+        return {"core": o[0], "state": s if x.get("cu_seqlens") is not None else s[0]}
+    return run
 
 
 def _merge_load(cap: Capture, rank: int, step: int, layer: int, op: str = "qsa"):
@@ -120,11 +117,11 @@ def _adapter(op, names, outputs, load, run, knobs) -> OpAdapter:
                      for_op=lambda other: _adapter(other, names, outputs, load, run, knobs))
 
 
-GDN = _adapter("gdn", ("q", "k", "v", "g", "beta", "state"), ("core", "state"), _gdn_load, _gdn_run,
-               knobs={"state_dtype": ["bf16", "fp16"], "input_dtype": ["bf16"], "accum_dtype": ["fp64"]})
+_GDN_KNOBS = {"state_dtype": ["bf16", "fp16"], "input_dtype": ["bf16"], "accum_dtype": ["fp64"]}
+GDN = _adapter("gdn", ("q", "k", "v", "g", "beta", "state"), ("core", "state"), _gdn_load,
+               _gdn_runner("recurrent"), knobs=_GDN_KNOBS)
 GDN_CHUNKED = _adapter("gdn", ("q", "k", "v", "g", "beta", "state"), ("core", "state"), _gdn_load,
-                       _gdn_chunked_run, knobs={"state_dtype": ["bf16", "fp16"], "input_dtype": ["bf16"],
-                                                "accum_dtype": ["fp64"], "chunk_size": [16]})
+                       _gdn_runner("chunked"), knobs={**_GDN_KNOBS, "chunk_size": [16]})
 QSA_MERGE = _adapter("qsa", ("partial_o", "partial_lse", "gate"), ("o", "lse", "gated"), _merge_load, _merge_run,
                      knobs={"prob_dtype": ["fp16"], "num_kv_splits": [4]})
 QSA = _adapter("qsa", ("q", "k_cache", "v_cache", "block_table", "indices"), ("o", "lse"), _qsa_load, _qsa_run,

@@ -87,4 +87,3 @@ def chunked(q, k, v, g, beta, *, scale=None, initial_state=None, qk_l2norm=False
                  initial_state=h0, output_final_state=True, output_state=out_state, cu_seqlens=cu,
                  use_qk_l2norm_in_kernel=qk_l2norm, max_seqlen=max(longest, 1), gate_domain="log")
     return o.reshape(s.B, s.T, *o.shape[1:]), out_state.transpose(-1, -2).contiguous()
-
