@@ -7,8 +7,8 @@ as B sequences of T (a packed batch as it is), passes the gates in the log domai
 (``gate_domain="log"``: our g), beta and the states in float32, the initial state transposed,
 the longest sequence as ``max_seqlen`` (the host hint engines pass), and gives o and the final
 state back in our layouts. FlashInfer picks its own kernel (``use_cp="auto"``: context-parallel
-kernels for few long sequences, a fused kernel otherwise). It takes one head size for q/k and v
-(K = V; on SM90 and SM100 only 128, which FlashInfer itself checks), float32 state and
+kernels for few long sequences, a fused kernel otherwise). It takes bf16 or fp16 q, k, v, one head size for
+q/k and v (K = V; on SM90 and SM100 only 128, which FlashInfer itself checks), float32 state and
 accumulators and chunks of 64, so a policy that asks for anything else is refused.
 """
 
@@ -64,6 +64,10 @@ def chunked(q, k, v, g, beta, *, scale=None, initial_state=None, qk_l2norm=False
     else:
         offs = check_packed(q, k, v, cu_seqlens, initial_state)
         s = check_gdn(q, k, v, g, beta, scale, None if initial_state is None else initial_state[:1])
+    if q.dtype not in (torch.bfloat16, torch.float16):
+        raise KernelArgumentError(
+            f"q: FlashInfer's GDN prefill takes bf16 or fp16 q, k, v, got {q.dtype}", key="q",
+            fix="pass q, k, v in bf16 (as engines run it), or use another backend (ext, fla, torch)")
     if s.K != s.V:
         raise KernelArgumentError(
             f"v: FlashInfer's GDN prefill takes one head size for q/k and v, got K = {s.K}, V = {s.V}",
