@@ -104,6 +104,7 @@ def test_no_initial_state_is_zeros_and_no_tokens_calls_nothing(stand_in):
 
 
 def test_one_head_size_for_keys_and_values_and_16_bit_inputs(stand_in):
+    """K != V refused; float32 q, k, v refused unless the policy materializes them in bf16."""
     x = make_inputs(1, 20, 1, 2, 32, 16, dtype=torch.bfloat16, state=True, seed=2)
     with pytest.raises(KernelArgumentError, match="one head size"):
         fi_adapter.chunked(**x)
@@ -111,6 +112,11 @@ def test_one_head_size_for_keys_and_values_and_16_bit_inputs(stand_in):
     with pytest.raises(KernelArgumentError, match="bf16 or fp16"):
         fi_adapter.chunked(**x)
     assert stand_in == []
+    # float32 inputs with the policy's input rounding point: q, k, v run in bf16
+    from workbench.numerics.policy import Policy
+    o, st = fi_adapter.chunked(**x, qk_l2norm=True, policy=Policy(input_dtype="bf16"))
+    ro, rs = oracle.chunked(**{**x, **{n: x[n].bfloat16() for n in ("q", "k", "v")}}, qk_l2norm=True)
+    assert o.dtype == torch.bfloat16 and _close(o, ro, O_TOL) and _close(st, rs)
 
 
 def test_listed_with_the_reason_it_cannot_run_here():

@@ -7,9 +7,11 @@ as B sequences of T (a packed batch as it is), passes the gates in the log domai
 (``gate_domain="log"``: our g), beta and the states in float32, the initial state transposed,
 the longest sequence as ``max_seqlen`` (the host hint engines pass), and gives o and the final
 state back in our layouts. FlashInfer picks its own kernel (``use_cp="auto"``: context-parallel
-kernels for few long sequences, a fused kernel otherwise). It takes bf16 or fp16 q, k, v, one head size for
-q/k and v (K = V; on SM90 and SM100 only 128, which FlashInfer itself checks), float32 state and
-accumulators and chunks of 64, so a policy that asks for anything else is refused.
+kernels for few long sequences, a fused kernel otherwise). It takes bf16 or fp16 q, k, v (``policy.input_dtype``
+``"bf16"`` / ``"fp16"`` materializes them so, as the other backends' input rounding point: a
+replay of captures loaded in float32 asks for it), one head size for q/k and v (K = V; on SM90
+and SM100 only 128, which FlashInfer itself checks), float32 state and accumulators and chunks of
+64, so a policy that asks for anything else is refused.
 """
 
 from __future__ import annotations
@@ -21,10 +23,11 @@ import torch
 from workbench.errors import KernelArgumentError
 from workbench.kernels.gdn._checks import check_gdn
 from workbench.kernels.gdn._varlen import check_packed
+from workbench.numerics.dtypes import torch_dtype
 
 OPS = ("chunked",)
 DEVICES = ("cuda",)
-KNOBS = {"input_dtype": (None,), "output_dtype": (None,), "accum_dtype": ("fp32",), "state_dtype": ("fp32",),
+KNOBS = {"input_dtype": (None, "bf16", "fp16"), "output_dtype": (None,), "accum_dtype": ("fp32",), "state_dtype": ("fp32",),
          "chunk_size": (64,), "cuda_path": ("auto",)}
 
 __all__ = ["chunked", "is_available"]
@@ -64,10 +67,14 @@ def chunked(q, k, v, g, beta, *, scale=None, initial_state=None, qk_l2norm=False
     else:
         offs = check_packed(q, k, v, cu_seqlens, initial_state)
         s = check_gdn(q, k, v, g, beta, scale, None if initial_state is None else initial_state[:1])
+    inp = getattr(policy, "input_dtype", None)
+    if inp:  # the policy's input rounding point: q, k, v materialized in bf16 / fp16
+        q, k, v = (t.to(torch_dtype(inp)) for t in (q, k, v))
     if q.dtype not in (torch.bfloat16, torch.float16):
         raise KernelArgumentError(
             f"q: FlashInfer's GDN prefill takes bf16 or fp16 q, k, v, got {q.dtype}", key="q",
-            fix="pass q, k, v in bf16 (as engines run it), or use another backend (ext, fla, torch)")
+            fix="pass q, k, v in bf16 (as engines run it) or the policy input_dtype='bf16' (a replay "
+                "of float32-loaded captures), or use another backend (ext, fla, torch)")
     if s.K != s.V:
         raise KernelArgumentError(
             f"v: FlashInfer's GDN prefill takes one head size for q/k and v, got K = {s.K}, V = {s.V}",
