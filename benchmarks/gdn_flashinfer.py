@@ -47,6 +47,16 @@ def fp64_errors(x: dict, norm: bool, outs: dict) -> dict:
     return got
 
 
+def summarize(rows: list[dict]) -> dict:
+    """The minimum and maximum ratios over the shapes, and the shapes FlashInfer refused."""
+    both = [r for r in rows if "flashinfer_over_ours" in r]
+    return {"min_fla_over_ours": min(r["fla_over_ours"] for r in rows),
+            "min_fla_over_flashinfer": min((r["fla_over_flashinfer"] for r in both), default=None),
+            "min_flashinfer_over_ours": min((r["flashinfer_over_ours"] for r in both), default=None),
+            "max_flashinfer_over_ours": max((r["flashinfer_over_ours"] for r in both), default=None),
+            "flashinfer_refused": [r["shape"] for r in rows if r not in both]}
+
+
 def flashinfer_call(fi, x: dict, norm: bool):
     """FlashInfer's call on the same inputs: the batch as B packed sequences (or the given ones)."""
     q, k, v = x["q"], x["k"], x["v"]
@@ -142,14 +152,11 @@ def main():
                "rows": rows, "errors": errors}
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(out, indent=1))
-    both = [r for r in rows if "flashinfer_over_ours" in r]
     if rows:
-        print("summary:", json.dumps({
-            "min_fla_over_ours": min(r["fla_over_ours"] for r in rows),
-            "min_fla_over_flashinfer": min((r["fla_over_flashinfer"] for r in both), default=None),
-            "min_flashinfer_over_ours": min((r["flashinfer_over_ours"] for r in both), default=None),
-            "max_flashinfer_over_ours": max((r["flashinfer_over_ours"] for r in both), default=None),
-            "flashinfer_refused": [r["shape"] for r in rows if r not in both]}))
+        summary = summarize(rows)
+        out["summary"] = summary
+        args.out.write_text(json.dumps(out, indent=1))
+        print("summary:", json.dumps(summary))
     if errors:
         sys.exit(1)
 

@@ -23,6 +23,12 @@
 #                                                       # the launcher reads, e.g.
 #                                                       # WORKBENCH_GDN_MMA_PDL "off wait"; a value
 #                                                       # VAR=v,VAR2=w sets those variables
+#   FI_UNPACK=1 OUT=$OUT bash benchmarks/gdn_gpu_session.sh flashinfer    # call 1 (.whl1 carried)
+#   OUT=$OUT bash benchmarks/gdn_gpu_session.sh flashinfer [shape filters...]
+#                                                       # call 2 (.whl2 carried, the same warm
+#                                                       # machine): gdn_flashinfer.py, ours, fla
+#                                                       # and FlashInfer; FI_ARGS="--accuracy
+#                                                       # --kernels" adds FP64 errors, kernel times
 #   OUT=$OUT bash benchmarks/gdn_gpu_session.sh phases [passes...]
 #                                                       # prepare / pass GPU time at B1 T8192 HV32,
 #                                                       # each pass forced (default: all four);
@@ -111,6 +117,22 @@ case "$mode" in
       done; } > "$f"
     cat "$f"
     ;;
+  flashinfer)
+    # FlashInfer's archives (benchmarks/flashinfer_carry.py) come in two calls of one warm machine:
+    # FI_UNPACK=1 with .whl1 (fi1.tar.xz) carried, then this mode with .whl2 (fi2.tar.xz) carried;
+    # the bundled captures moved out of the tree for both (a call carries the tree, 64 MiB in all)
+    if [ -n "${FI_UNPACK:-}" ]; then
+      mkdir -p /tmp/fi && tar xJf .whl1/fi1.tar.xz -C /tmp/fi && echo "fi1 unpacked"
+      exit 0
+    fi
+    [ -d /tmp/fi/nvidia_cutlass_dsl ] || { echo "fi1 not unpacked on this machine: run FI_UNPACK=1 first" >&2; exit 3; }
+    tar xJf .whl2/fi2.tar.xz -C /tmp/fi
+    f="$out/gdn-flashinfer-$day.json"
+    args=(--site /tmp/fi --out "$f" ${FI_ARGS:-})
+    [ $# -gt 0 ] && args+=(--only "$@")
+    timeout "$limit" python3 benchmarks/gdn_flashinfer.py "${args[@]}" 2>&1 | grep -E '^\{|summary|Error' | cut -c1-400
+    stamp "$f"
+    ;;
   clocks)
     f="$out/gdn-clocks-$day.json"
     args=(--out "$f" --passes ${CLOCKS_PASSES:-smem smem16 warp})
@@ -119,7 +141,7 @@ case "$mode" in
     stamp "$f"
     ;;
   *)
-    echo "usage: OUT=dir bash benchmarks/gdn_gpu_session.sh tests|ab|env|matrix|phases|clocks [args...]" >&2
+    echo "usage: OUT=dir bash benchmarks/gdn_gpu_session.sh tests|ab|env|matrix|phases|clocks|flashinfer [args...]" >&2
     exit 2
     ;;
 esac

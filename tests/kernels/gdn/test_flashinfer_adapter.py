@@ -196,7 +196,10 @@ def test_benchmark_rows_with_a_refused_shape(tmp_path, monkeypatch, stand_in):
     monkeypatch.setattr(sys, "argv", ["gdn_flashinfer.py", "--site", str(tmp_path), "--out", str(out),
                                       "--accuracy"])
     bench.main()
-    rows = {r["shape"]: r for r in json.loads(out.read_text())["rows"]}
+    result = json.loads(out.read_text())
+    rows = {r["shape"]: r for r in result["rows"]}
+    assert result["summary"]["flashinfer_refused"] == ["d16"]
+    assert result["summary"]["min_flashinfer_over_ours"] == rows["d32"]["flashinfer_over_ours"]
     assert rows["d16"]["flashinfer_timing"].startswith("refused (RuntimeError: DSL kernel only supports D=32")
     assert "ms_flashinfer" not in rows["d16"] and rows["d16"]["ms_ours"] > 0 and rows["d16"]["ms_fla"] > 0
     assert rows["d32"]["flashinfer_timing"] == "graphed" and rows["d32"]["ms_flashinfer"] > 0
