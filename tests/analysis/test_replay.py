@@ -131,20 +131,27 @@ def test_bundled_adapters_exist_without_installed_metadata():
         assert isinstance(REGISTRY.load(name), OpAdapter)
 
 
-def test_a_packed_prefill_replays_as_it_was_run(tmp_path):
-    # an engine packs three prefill sequences along T and dumps cu_seqlens and the per-sequence
-    # initial states next to q, k, v, g, beta; the replay runs them packed, as the engine did
+def _packed_prefill_capture(path, lengths, seed):
+    """What an engine dumps for a packed prefill: q, k, v, g, beta of the sequences packed along
+    T, cu_seqlens, the per-sequence initial states, and the outputs (core, state) of a run with a
+    bf16 state (torch's recurrence)."""
     from workbench.kernels.gdn._cases import packed_inputs
-    x = packed_inputs([5, 1, 23], H=2, HV=4, K=8, V=8, seed=4)
+    x = packed_inputs(lengths, H=2, HV=4, K=8, V=8, seed=seed)
     o, s = gdn.recurrent(**x, qk_l2norm=True, backend="torch", policy={"state_dtype": "bf16"})
-    with CaptureWriter(tmp_path / "cap", arm="packed") as w:
+    with CaptureWriter(path, arm="packed") as w:
         for n in ("q", "k", "v", "g", "beta"):
             w.add(x[n][0], op="linear_attn", name=n, layer=0)
         w.add(torch.tensor(x["cu_seqlens"], dtype=torch.int32), op="linear_attn", name="cu_seqlens", layer=0)
         w.add(x["initial_state"], op="linear_attn", name="initial_state", layer=0)
         w.add(o[0], op="linear_attn", name="core", layer=0)
         w.add(s, op="linear_attn", name="state", layer=0)
-    ds = replay(open_capture(tmp_path / "cap"), op="gdn", capture_op="linear_attn", output="state",
+    return open_capture(path)
+
+
+def test_a_packed_prefill_replays_as_it_was_run(tmp_path):
+    # an engine packs three prefill sequences along T and dumps cu_seqlens and the per-sequence
+    # initial states next to q, k, v, g, beta; the replay runs them packed, as the engine did
+    ds = replay(_packed_prefill_capture(tmp_path / "cap", [5, 1, 23], seed=4), op="gdn", capture_op="linear_attn", output="state",
                 policies={"fp32": Policy(), "bf16": Policy(state_dtype="bf16")})
     assert ds.attrs["n_cases"] == 1
     assert float(ds.err_captured.sel(variant="bf16").max()) == 0.0  # reproduced bit for bit, packed
@@ -155,17 +162,7 @@ def test_a_packed_prefill_replays_through_the_chunked_kernels(tmp_path):
     # gdn_chunked: the same captured cases through gdn.chunked, the kernels engines run prefill
     # with; a chunked-only backend (flashinfer) is then a candidate, skipped here for what it
     # lacks (no FlashInfer, no GPU), not for the op
-    from workbench.kernels.gdn._cases import packed_inputs
-    x = packed_inputs([5, 1, 0, 70], H=2, HV=4, K=8, V=8, seed=6)
-    o, s = gdn.recurrent(**x, qk_l2norm=True, backend="torch", policy={"state_dtype": "bf16"})
-    with CaptureWriter(tmp_path / "cap", arm="packed") as w:
-        for n in ("q", "k", "v", "g", "beta"):
-            w.add(x[n][0], op="linear_attn", name=n, layer=0)
-        w.add(torch.tensor(x["cu_seqlens"], dtype=torch.int32), op="linear_attn", name="cu_seqlens", layer=0)
-        w.add(x["initial_state"], op="linear_attn", name="initial_state", layer=0)
-        w.add(o[0], op="linear_attn", name="core", layer=0)
-        w.add(s, op="linear_attn", name="state", layer=0)
-    cap = open_capture(tmp_path / "cap")
+    cap = _packed_prefill_capture(tmp_path / "cap", [5, 1, 0, 70], seed=6)
     ds = replay(cap, op="gdn_chunked", capture_op="linear_attn", output="state",
                 backends=("torch", "ext", "flashinfer"))
     assert ds.attrs["op"] == "gdn_chunked" and ds.attrs["n_cases"] == 1
