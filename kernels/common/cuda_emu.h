@@ -20,6 +20,8 @@
 // launch; cudaGetLastError() then returns cudaErrorLaunchFailure and wb_emu_last_failure() says
 // why.
 #pragma once
+// (common/mma_ops.h: the host models of the mma wrappers where this header is in)
+#define WB_CUDA_EMU 1
 
 #include <stdint.h>
 #include <stdio.h>

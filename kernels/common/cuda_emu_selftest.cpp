@@ -4,6 +4,7 @@
 // barriers, and that a barrier some threads never reach ends the launch with an error.
 #include "common/cuda_emu.h"
 #include "common/mma_frags.h"
+#include "common/mma_ops.h"
 
 namespace {
 
@@ -15,7 +16,7 @@ __global__ void mma_kernel(const float* A, const float* B, const float* C, float
   wbfrag::ab_k8(A, B, lane, a, b0, b1);
   float d[4];
   wbfrag::c_frag(C, d, lane);
-  wbemu::mma_m16n8k8_tf32(d, a, b0, b1);
+  wbmma::tf32_m16n8k8(d, a, b0, b1);
   wbfrag::d_store(D, d, lane);
 }
 
@@ -27,7 +28,7 @@ __global__ void mma16_kernel(const uint16_t* A, const uint16_t* B, const float* 
   wbfrag::ab_k16(A, B, lane, a, b0, b1);
   float d[4];
   wbfrag::c_frag(C, d, lane);
-  wbemu::mma_m16n8k16_bf16(d, a, b0, b1);
+  wbmma::bf16_m16n8k16(d, a, b0, b1);
   wbfrag::d_store(D, d, lane);
 }
 

@@ -1,11 +1,13 @@
 // The tensor cores' own mma.sync m16n8k8 tf32 and m16n8k16 bf16 on given matrices, for the GPU
 // test that checks the host emulation's models of them (common/cuda_emu.h; CPU side:
-// cuda_emu_selftest.cpp; both build their fragments with common/mma_frags.h):
+// cuda_emu_selftest.cpp; both build their fragments with common/mma_frags.h and issue the
+// kernels' own wrappers, common/mma_ops.h):
 // tests/kernels/test_cuda_emu.py. One warp a problem, row-major matrices in device memory.
 #include <cstdint>
 #include <cuda_runtime.h>
 
 #include "common/mma_frags.h"
+#include "common/mma_ops.h"
 
 namespace {
 
@@ -17,11 +19,7 @@ __global__ void mma8_kernel(const float* A, const float* B, const float* C, floa
   wbfrag::ab_k8(A + p * 128, B + p * 64, lane, a, b0, b1);
   float d[4];
   wbfrag::c_frag(C + p * 128, d, lane);
-  asm volatile(
-      "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-      "{%8, %9}, {%0, %1, %2, %3};"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  wbmma::tf32_m16n8k8(d, a, b0, b1);
   wbfrag::d_store(D + p * 128, d, lane);
 }
 
@@ -32,11 +30,7 @@ __global__ void mma16_kernel(const uint16_t* A, const uint16_t* B, const float* 
   wbfrag::ab_k16(A + p * 256, B + p * 128, lane, a, b0, b1);
   float d[4];
   wbfrag::c_frag(C + p * 128, d, lane);
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-      "{%8, %9}, {%0, %1, %2, %3};"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  wbmma::bf16_m16n8k16(d, a, b0, b1);
   wbfrag::d_store(D + p * 128, d, lane);
 }
 

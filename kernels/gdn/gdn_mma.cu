@@ -109,6 +109,7 @@ PdlLaunch<P...> pdl_launch(void (*k)(P...), dim3 g, dim3 b, size_t m, cudaStream
 
 #include <type_traits>
 
+#include "common/mma_ops.h"
 #include "gdn/gdn_abi.h"
 #include "gdn/gdn_common.h"
 #include "gdn/gdn_mma.h"
@@ -231,15 +232,7 @@ __device__ __forceinline__ void with_out_type(void* o, int odt, F&& f) {
 
 __device__ __forceinline__ void mma8(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
                                      uint32_t b1) {
-#ifdef WB_MMA_EMU
-  wbemu::mma_m16n8k8_tf32(d, a, b0, b1);
-#else
-  asm volatile(
-      "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-      "{%8,%9}, {%0,%1,%2,%3};"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-#endif
+  wbmma::tf32_m16n8k8(d, a, b0, b1);
 }
 
 // The B fragment of one k-step (p at this lane's element): (k, n) at p[k * BK], pairs where BK

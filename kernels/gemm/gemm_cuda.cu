@@ -22,6 +22,7 @@
 // With S == 1 the (rounded) partial is the output and is written to y directly.
 #include <cuda_runtime.h>
 #include <stdint.h>
+#include "common/mma_ops.h"
 #include "gemm/gemm_abi.h"
 #include "gemm/gemm_elem.h"
 
@@ -129,19 +130,14 @@ __device__ __forceinline__ uint4 tc_ld8(const uint16_t* row, int k, int k1) {
 
 // d = A (16x16, row) * B (16x8, col) + 0, fp32 results
 template <int DT>
-__device__ __forceinline__ void tc_mma(float d[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                       uint32_t b0, uint32_t b1) {
-  const float z = 0.0f;
+__device__ __forceinline__ void tc_mma(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                       uint32_t a3, uint32_t b0, uint32_t b1) {
+  const uint32_t a[4] = {a0, a1, a2, a3};
+  d[0] = d[1] = d[2] = d[3] = 0.0f;
   if (DT == WB_BF16)
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-                 "{%8, %9}, {%10, %10, %10, %10};"
-                 : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
-                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "f"(z));
+    wbmma::bf16_m16n8k16(d, a, b0, b1);
   else
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-                 "{%8, %9}, {%10, %10, %10, %10};"
-                 : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
-                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "f"(z));
+    wbmma::f16_m16n8k16(d, a, b0, b1);
 }
 
 // one iteration of a warp: TC_U chunks of 32 k from kb; every thread loads 8 consecutive k

@@ -19,7 +19,7 @@ _P = ctypes.c_void_p
 @pytest.fixture(scope="module")
 def lib():
     lib = _native.load("cuda_emu_selftest", ["common/cuda_emu_selftest.cpp"], kind="cpu",
-                       headers=["common/cuda_emu.h", "common/mma_frags.h"])
+                       headers=["common/cuda_emu.h", "common/mma_frags.h", "common/mma_ops.h"])
     for name in ("emu_mma", "emu_mma16", "emu_ldmatrix", "emu_shfl", "emu_cp_async", "emu_named_barriers", "emu_deadlock"):
         getattr(lib, name).restype = ctypes.c_int
     lib.emu_ldmatrix.argtypes = [ctypes.c_int, _P]
@@ -149,9 +149,13 @@ def _emulated(lib, kind, A, B, C):
     return D
 
 
+# the probe issues the kernels' own mma wrappers (common/mma_ops.h) on common/mma_frags.h's fragments
+PROBE_HEADERS = ["common/mma_frags.h", "common/mma_ops.h"]
+
+
 def _on_gpu(kind, A, B, C):
     import torch
-    lib = _native.load("mma_probe", ["common/mma_probe.cu"], kind="cuda", headers=["common/mma_frags.h"])
+    lib = _native.load("mma_probe", ["common/mma_probe.cu"], kind="cuda", headers=PROBE_HEADERS)
     n = len(A)
     dev = {"C": torch.from_numpy(C).cuda(), "D": torch.full((n, 16, 8), float("nan"), device="cuda")}
     if kind == "tf32":
@@ -169,9 +173,9 @@ def _on_gpu(kind, A, B, C):
 
 @pytest.mark.skipif(_native.find_nvcc() is None, reason="nvcc not found")
 def test_mma_probe_compiles():
-    """The GPU test's probe (real mma.sync on the fragments of common/mma_frags.h) builds for
+    """The GPU test's probe (the kernels' mma wrappers on the fragments of common/mma_frags.h) builds for
     sm_90a with nvcc (here, without a GPU; it runs in the GPU test below)."""
-    path = _native.build("mma_probe", ["common/mma_probe.cu"], kind="cuda", headers=["common/mma_frags.h"])
+    path = _native.build("mma_probe", ["common/mma_probe.cu"], kind="cuda", headers=PROBE_HEADERS)
     assert path.exists() and path.stat().st_size > 0
 
 

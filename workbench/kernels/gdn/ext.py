@@ -57,7 +57,8 @@ PATH_ENV = "WORKBENCH_GDN_CUDA_PATH"
 __all__ = ["recurrent", "chunked", "is_available",
            "library"]
 
-HEADERS = ["gdn/gdn_common.h", "gdn/gdn_mma.h", "gdn/gdn_abi.h", "common/wb_abi.h", "common/wb_elem.h"]
+HEADERS = ["gdn/gdn_common.h", "gdn/gdn_mma.h", "gdn/gdn_abi.h", "common/wb_abi.h", "common/wb_elem.h",
+           "common/mma_ops.h"]
 SOURCES = {"cpu": ["gdn/gdn_cpu.cpp"], "cuda": ["gdn/gdn_cuda.cu", "gdn/gdn_mma.cu"]}
 CUDA_K = (16, 32, 64, 128, 256)
 MMA_K = (64, 128)

@@ -38,7 +38,7 @@ KNOBS = {"splitk": range(1, 65), "partial_dtype": ("fp32", "bf16", "fp16"), "red
 
 __all__ = ["splitk_matmul", "is_available", "cuda_path", "PATH_ENV"]
 
-_HDR = ["gemm/gemm_elem.h", "gemm/gemm_abi.h", "common/wb_elem.h", "common/wb_abi.h"]
+_HDR = ["gemm/gemm_elem.h", "gemm/gemm_abi.h", "common/wb_elem.h", "common/wb_abi.h", "common/mma_ops.h"]
 PATH_ENV = "WORKBENCH_GEMM_CUDA_PATH"
 _PATHS = {"auto": 0, "scalar": 1, "mma": 2}
 
