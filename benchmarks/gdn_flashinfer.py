@@ -31,6 +31,7 @@ from gdn import _bench, _fla, _graphed, _versions  # noqa: E402
 from gdn_matrix import PREFILL, _rel, per_kernel, prefill_calls  # noqa: E402
 
 from workbench.kernels.gdn import oracle  # noqa: E402
+from workbench.kernels.gdn.flashinfer import call_arguments  # noqa: E402
 
 
 def fp64_errors(x: dict, norm: bool, outs: dict) -> dict:
@@ -58,24 +59,17 @@ def summarize(rows: list[dict]) -> dict:
 
 
 def flashinfer_call(fi, x: dict, norm: bool):
-    """FlashInfer's call on the same inputs: the batch as B packed sequences (or the given ones)."""
-    q, k, v = x["q"], x["k"], x["v"]
-    Bq, T = q.shape[0], q.shape[1]
-    flat = {n: t.reshape(Bq * T, *t.shape[2:]).contiguous() for n, t in
-            (("q", q), ("k", k), ("v", v), ("g", x["g"].float()), ("beta", x["beta"].float()))}
+    """FlashInfer's call on the same inputs: the batch as B packed sequences (or the given ones),
+    its arguments formed once by the backend's ``call_arguments`` (kept for the graph)."""
+    q = x["q"]
+    B, T = q.shape[0], q.shape[1]
     cu = x["cu_seqlens"]
-    if cu is None:
-        cu = torch.arange(0, Bq * T + 1, T, dtype=torch.int32, device=q.device)
-    longest = int((cu[1:] - cu[:-1]).max())  # the host hint an engine passes (no read-back in the call)
-    # FlashInfer's states are [N, HV, V, K]; ours [N, HV, K, V]
-    s0 = x["initial_state"].float().transpose(-1, -2).contiguous()
-    out_state = torch.empty_like(s0)
+    offsets = list(range(0, B * T + 1, T)) if cu is None else cu.tolist()
+    args, kwargs, out_state = call_arguments(q, x["k"], x["v"], x["g"], x["beta"], scale=q.shape[-1] ** -0.5,
+                                             offsets=offsets, initial_state=x["initial_state"], qk_l2norm=norm)
 
     def call():
-        return fi.chunk_gated_delta_rule(
-            flat["q"], flat["k"], flat["v"], flat["g"], flat["beta"], initial_state=s0,
-            output_final_state=True, output_state=out_state, cu_seqlens=cu,
-            use_qk_l2norm_in_kernel=norm, max_seqlen=longest, gate_domain="log")
+        return fi.chunk_gated_delta_rule(*args, **kwargs)
     return call, out_state
 
 

@@ -30,7 +30,7 @@ DEVICES = ("cuda",)
 KNOBS = {"input_dtype": (None, "bf16", "fp16"), "output_dtype": (None,), "accum_dtype": ("fp32",), "state_dtype": ("fp32",),
          "chunk_size": (64,), "cuda_path": ("auto",)}
 
-__all__ = ["chunked", "is_available"]
+__all__ = ["call_arguments", "chunked", "is_available"]
 
 INSTALL = "pip install flashinfer-python (0.7.4 was measured; needs a CUDA GPU and the CuTe DSL, nvidia-cutlass-dsl)"
 
@@ -79,22 +79,46 @@ def chunked(q, k, v, g, beta, *, scale=None, initial_state=None, qk_l2norm=False
         raise KernelArgumentError(
             f"v: FlashInfer's GDN prefill takes one head size for q/k and v, got K = {s.K}, V = {s.V}",
             key="v", fix="use another backend (ext, fla) for K != V")
-    n = len(offs) - 1
-    tokens = s.B * s.T
+    if s.B * s.T == 0:
+        h0 = _fi_state(initial_state, len(offs) - 1, s.HV, s.K, s.V, q.device)
+        return torch.zeros(s.B, 0, s.HV, s.V, dtype=v.dtype, device=q.device), h0.transpose(-1, -2).contiguous()
+    args, kwargs, out_state = call_arguments(q, k, v, g, beta, scale=s.scale, offsets=offs,
+                                             initial_state=initial_state, qk_l2norm=qk_l2norm)
+    o, _ = _fi()(*args, **kwargs)
+    return o.reshape(s.B, s.T, *o.shape[1:]), out_state.transpose(-1, -2).contiguous()
+
+
+def _fi_state(initial_state, n, HV, K, V, dev):
+    """Initial states in FlashInfer's layout: [n, HV, V, K] float32 (zeros where none)."""
+    if initial_state is None:
+        return torch.zeros(n, HV, V, K, dtype=torch.float32, device=dev)
+    return initial_state.to(torch.float32).transpose(-1, -2).contiguous()
+
+
+def call_arguments(q, k, v, g, beta, *, scale: float, offsets, initial_state=None, qk_l2norm=False):
+    """FlashInfer's ``chunk_gated_delta_rule`` arguments for inputs in our layouts: ``(args, kwargs,
+    out_state)``, so that ``chunk_gated_delta_rule(*args, **kwargs)`` writes o (returned,
+    ``[tokens, HV, V]``) and the final states into ``out_state`` (``[n, HV, V, K]``, FlashInfer's;
+    ours is its ``transpose(-1, -2)``). q, k: ``[B, T, H, K]``, v ``[B, T, HV, V]``, g and beta
+    ``[B, T, HV]`` (B = 1 for a packed batch), ``offsets`` the n + 1 token offsets of the sequences
+    (a batch of B: ``0, T, .., B T``), ``initial_state`` ``[n, HV, K, V]`` or None (zeros). The
+    tensors are new (packed, float32 gates and beta, the states transposed), so a caller may keep
+    them for a CUDA graph; ``out_state`` starts as the initial states, which an empty sequence keeps.
+    Arguments are taken as checked (``chunked`` checks them)."""
+    B, T = q.shape[0], q.shape[1]
+    HV, K, V = v.shape[2], k.shape[3], v.shape[3]
+    n, dev, tokens = len(offsets) - 1, q.device, B * T
+    offsets = [int(x) for x in offsets]
 
     def packed(x):
         return x.reshape(tokens, *x.shape[2:]).contiguous()
 
-    dev = q.device
-    cu = torch.tensor(offs, dtype=torch.int32, device=dev)
-    longest = max((b - a for a, b in zip(offs, offs[1:])), default=0)
-    h0 = (torch.zeros(n, s.HV, s.V, s.K, dtype=torch.float32, device=dev) if initial_state is None
-          else initial_state.to(torch.float32).transpose(-1, -2).contiguous())
+    h0 = _fi_state(initial_state, n, HV, K, V, dev)
     # an empty sequence's final state is its initial state: the kernel may leave its row unwritten
     out_state = h0.clone()
-    if tokens == 0:
-        return torch.zeros(s.B, 0, s.HV, s.V, dtype=v.dtype, device=dev), h0.transpose(-1, -2).contiguous()
-    o, _ = _fi()(packed(q), packed(k), packed(v), packed(g).float(), packed(beta).float(), scale=s.scale,
-                 initial_state=h0, output_final_state=True, output_state=out_state, cu_seqlens=cu,
-                 use_qk_l2norm_in_kernel=qk_l2norm, max_seqlen=max(longest, 1), gate_domain="log")
-    return o.reshape(s.B, s.T, *o.shape[1:]), out_state.transpose(-1, -2).contiguous()
+    longest = max((b - a for a, b in zip(offsets, offsets[1:])), default=0)
+    args = (packed(q), packed(k), packed(v), packed(g).float(), packed(beta).float())
+    kwargs = dict(scale=scale, initial_state=h0, output_final_state=True, output_state=out_state,
+                  cu_seqlens=torch.tensor(offsets, dtype=torch.int32, device=dev),
+                  use_qk_l2norm_in_kernel=qk_l2norm, max_seqlen=max(longest, 1), gate_domain="log")
+    return args, kwargs, out_state
