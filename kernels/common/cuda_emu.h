@@ -4,7 +4,8 @@
 // reaches a barrier or a warp-collective instruction and yields there until its peers arrive.
 //
 // What it models (and the kernels rely on):
-//   __syncthreads, named barriers (bar.sync id, n), __syncwarp, warp shuffles, mma.sync m16n8k8
+//   __syncthreads, named barriers (bar.sync id, n), __syncwarp, warp shuffles, wgmma (m64nNk8 tf32
+//   and m64nNk16 bf16, A from registers, B by shared-memory descriptor; below), mma.sync m16n8k8
 //   tf32 (the PTX fragment layouts; operands' low 13 bits ignored as the tensor cores do; the
 //   eight products, exact in float32, added to the accumulator one by one in k order in float32:
 //   deterministic and order-sensitive like the hardware, though not its rounding), ldmatrix .x4
@@ -165,12 +166,25 @@ struct Copy {
   int bytes;
 };
 
+// One thread's part of a wgmma.mma_async: its accumulator registers (performed at the wait, so
+// the registers change there: a read before the wait sees the old values), its A fragment (read
+// at issue) and the B descriptor; kind 0 tf32 (m64nNk8), 1 bf16 (m64nNk16).
+struct WgOp {
+  float* d;
+  int n, kind;
+  bool scale_d;
+  uint32_t a[4];
+  uint64_t desc;
+};
+
 struct Fiber {
   ucontext_t ctx;
   std::vector<char> stack;
   bool done = false;
   std::vector<Copy> pending;  // issued, not yet landed (WB_EMU_CP=late)
   std::vector<size_t> groups;  // pending.size() at each commit
+  std::vector<struct WgOp> wg_ops;  // wgmma.mma_async issued, not yet waited for
+  std::vector<size_t> wg_groups;    // wg_ops.size() at each wgmma.commit_group
 };
 
 constexpr int kMaxWarps = 32, kWords = 16;
@@ -181,7 +195,7 @@ struct Block {
   std::vector<Fiber>* fibers = nullptr;
   ucontext_t sched;
   std::vector<float4> smem;
-  Barrier block_bar, named[16], warp_bar[kMaxWarps], syncwarp_bar[kMaxWarps];
+  Barrier block_bar, named[16], warp_bar[kMaxWarps], syncwarp_bar[kMaxWarps], wg_bar[kMaxWarps / 4];
   uint32_t stage[kMaxWarps][32][kWords];  // warp collectives: each lane's deposit
   const std::function<void()>* body = nullptr;
   unsigned long events = 0;  // barrier arrivals and releases, finished threads: progress
@@ -268,6 +282,7 @@ inline void trampoline() {
   (*b->body)();
   Fiber& f = (*b->fibers)[b->current];
   land(f, f.pending.size());  // copies never waited for still land (they did on the device)
+  if (!f.wg_ops.empty()) fail(b, "wgmma.mma_async issued and never waited for (wgmma.wait_group)");
   f.done = true;
   ++b->events;
   // returning resumes uc_link: the scheduler
@@ -304,6 +319,8 @@ inline cudaError_t run_grid(dim3 grid, dim3 block, size_t smem, const std::funct
         f.done = false;
         f.pending.clear();
         f.groups.clear();
+        f.wg_ops.clear();
+        f.wg_groups.clear();
         getcontext(&f.ctx);
         f.ctx.uc_stack.ss_sp = f.stack.data();
         f.ctx.uc_stack.ss_size = f.stack.size();
@@ -494,6 +511,130 @@ inline void cp_async_wait(int n) {
   const size_t upto = f.groups[f.groups.size() - 1 - n];
   land(f, upto);
   f.groups.erase(f.groups.begin(), f.groups.end() - n);
+}
+
+// ------------------------------------------------- wgmma (warpgroup MMA, sm_90a), the host model
+//
+// wgmma.mma_async.sync.aligned.m64nNk8.f32.tf32.tf32 and .m64nNk16.f32.bf16.bf16 with A from
+// registers and B from shared memory through a matrix descriptor, K-major (the layout tf32
+// requires; bf16 without transpose), per the PTX ISA:
+//   the descriptor: bits 0-13 the start address >> 4, 16-29 the leading byte offset (LBO) >> 4,
+//   32-45 the stride byte offset (SBO) >> 4, 62-63 the swizzle (0 none, 1 128-byte, 2 64-byte,
+//   3 32-byte); the base-offset bits 49-51 must be 0 (the model fails otherwise).
+//   B's element (k, n), e bytes each, 16 / e of them (one 16-byte piece) a core-matrix row: rows
+//   are n, in core matrices of 8 rows SBO apart (n / 8); the instruction's 32 bytes of k are two
+//   pieces: without swizzle, a core matrix is 8 rows of 16 bytes (row n % 8 at 16 (n % 8)) and the
+//   second piece is LBO away; with a W-byte swizzle (W = 32, 64, 128) a row is W bytes (row n % 8
+//   at W (n % 8), the second piece 16 bytes on) and the byte address's bits 4.. are XORed with its
+//   bits 7.. (as many bits as W / 16 - 1 has): addr ^= ((addr >> 7) & (W / 16 - 1)) << 4. The
+//   address is the shared-memory one (here: from the block's dynamic shared memory's start, which
+//   stands for a 1024-byte aligned base).
+//   A's fragment (per warp w of the warpgroup, rows 16 w .. 16 w + 15) is mma.sync's m16n8k8 tf32
+//   (m16n8k16 bf16) A fragment; D's: register i of lane (g, t) of warp w is row
+//   16 w + g + 8 ((i / 2) % 2), column 8 (i / 4) + 2 t + i % 2.
+// The arithmetic is mma_m16n8's: the products exact in float32, added to the accumulator in k
+// order (scale_d false: to zero). The instruction is asynchronous: the model reads A at issue and
+// B and the accumulators at the wgmma.wait_group that covers it, where it writes D, so shared
+// memory overwritten, or accumulators read, before that wait show.
+
+inline int wg_of(int t) { return t / 128; }
+
+inline uint32_t smem_offset(const void* p) {
+  Block* b = cur();
+  const char* base = reinterpret_cast<const char*>(b->smem.data());
+  const char* q = reinterpret_cast<const char*>(p);
+  if (q < base || q >= base + b->smem.size() * sizeof(float4))
+    fail(b, "a shared-memory address outside the block's dynamic shared memory");
+  return (uint32_t)(q - base);
+}
+
+// B's element (k, n) through descriptor desc, e bytes an element (4 tf32, 2 bf16), as float
+inline float wg_b(uint64_t desc, int e, int k, int n) {
+  Block* b = cur();
+  const uint32_t start = (uint32_t)(desc & 0x3fff) << 4, lbo = (uint32_t)((desc >> 16) & 0x3fff) << 4,
+                 sbo = (uint32_t)((desc >> 32) & 0x3fff) << 4;
+  const int mode = (int)(desc >> 62), per = 16 / e;
+  const int W = mode == 1 ? 128 : mode == 2 ? 64 : mode == 3 ? 32 : 0;
+  uint32_t addr = start + (uint32_t)(n / 8) * sbo + (uint32_t)(k % per) * e;
+  if (W == 0) {
+    addr += (uint32_t)(n % 8) * 16 + (uint32_t)(k / per) * lbo;
+  } else {
+    addr += (uint32_t)(n % 8) * W + (uint32_t)(k / per) * 16;
+    addr ^= ((addr >> 7) & (uint32_t)(W / 16 - 1)) << 4;
+  }
+  if (addr + e > b->smem.size() * sizeof(float4))
+    fail(b, "wgmma: a B element's address past the block's dynamic shared memory");
+  const char* p = reinterpret_cast<const char*>(b->smem.data()) + addr;
+  if (e == 4) {
+    uint32_t u;
+    memcpy(&u, p, 4);
+    return __uint_as_float(u & 0xffffe000u);  // tf32: the low 13 bits ignored
+  }
+  uint16_t h;
+  memcpy(&h, p, 2);
+  return __uint_as_float((uint32_t)h << 16);
+}
+
+// wgmma.mma_async (A from registers): this thread's part, performed at the covering wait
+template <int N>
+inline void wgmma_issue(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc, bool scale_d, int kind) {
+  static_assert(N % 8 == 0 && N >= 8 && N <= 256, "wgmma's N: 8 .. 256 in steps of 8");
+  Block* b = cur();
+  if ((desc >> 49) & 7) fail(b, "wgmma: a descriptor with a base offset (the model takes 0)");
+  WgOp op{d, N, kind, scale_d, {a[0], a[1], a[2], a[3]}, desc};
+  (*b->fibers)[b->current].wg_ops.push_back(op);
+}
+
+inline void wgmma_commit() {
+  Block* b = cur();
+  Fiber& f = (*b->fibers)[b->current];
+  f.wg_groups.push_back(f.wg_ops.size());
+}
+
+// wgmma.wait_group n: the warpgroup's operations of every group but the n most recent committed
+// ones are performed (a warpgroup collective: its 128 threads take part, with the same operations)
+inline void wgmma_wait(int n) {
+  Block* b = cur();
+  const int t = b->current, w0 = wg_of(t) * 128, me = t - w0;
+  if (w0 + 128 > b->nthreads) fail(b, "wgmma: a warpgroup of fewer than 128 threads");
+  Fiber& f = (*b->fibers)[t];
+  const size_t upto = (int)f.wg_groups.size() <= n ? 0 : f.wg_groups[f.wg_groups.size() - 1 - n];
+  arrive_wait(b->wg_bar[wg_of(t)], 128, "wgmma.wait_group");
+  for (size_t i = 0; i < upto; ++i) {
+    const WgOp& op = f.wg_ops[i];
+    auto peer = [&](int th) -> const WgOp& {
+      const Fiber& g = (*b->fibers)[w0 + th];
+      if (g.wg_ops.size() <= i || g.wg_ops[i].desc != op.desc || g.wg_ops[i].n != op.n ||
+          g.wg_ops[i].kind != op.kind || g.wg_ops[i].scale_d != op.scale_d)
+        fail(b, "wgmma: the warpgroup's threads issued different operations");
+      return g.wg_ops[i];
+    };
+    const int e = op.kind == 0 ? 4 : 2, KD = op.kind == 0 ? 8 : 16;
+    // A (m, k) from the fragment of the lane that holds it
+    auto A = [&](int m, int k) {
+      const int w = m / 16, r = m % 16, g = r % 8;
+      if (op.kind == 0) {
+        const uint32_t x = peer(32 * w + 4 * g + k % 4).a[(r >= 8 ? 1 : 0) + (k >= 4 ? 2 : 0)];
+        return __uint_as_float(x & 0xffffe000u);
+      }
+      const uint32_t x = peer(32 * w + 4 * g + (k % 8) / 2).a[(r >= 8 ? 1 : 0) + (k >= 8 ? 2 : 0)];
+      return __uint_as_float((k % 2 ? x >> 16 : x & 0xffffu) << 16);
+    };
+    const int w = me / 32, g = (me % 32) / 4, tq = me % 4;
+    for (int r = 0; r < op.n / 2; ++r) {
+      const int m = 16 * w + g + 8 * ((r / 2) % 2), col = 8 * (r / 4) + 2 * tq + r % 2;
+      float acc = op.scale_d ? op.d[r] : 0.0f;
+      for (int k = 0; k < KD; ++k) acc += A(m, k) * wg_b(op.desc, e, k, col);
+      op.d[r] = acc;
+    }
+  }
+  // every thread has read its peers' fragments before they drop their operations
+  arrive_wait(b->wg_bar[wg_of(t)], 128, "wgmma.wait_group");
+  f.wg_ops.erase(f.wg_ops.begin(), f.wg_ops.begin() + upto);
+  std::vector<size_t> left;  // the groups not yet performed, counted from the ops left
+  for (size_t g : f.wg_groups)
+    if (g > upto) left.push_back(g - upto);
+  f.wg_groups.swap(left);
 }
 
 inline void named_barrier(int id, int count) {

@@ -5,6 +5,7 @@
 #include "common/cuda_emu.h"
 #include "common/mma_frags.h"
 #include "common/mma_ops.h"
+#include "common/wgmma_probe.h"
 
 namespace {
 
@@ -122,6 +123,17 @@ int emu_named_barriers(int* out) {
 int emu_deadlock(int* out) {
   WB_LAUNCH(1, 64, 0, nullptr, deadlock_kernel)(out);
   return cudaGetLastError();
+}
+// one wgmma (common/wgmma_probe.h, as the GPU probe runs it) under the emulation; status, -1 for
+// an N not built, -2 for an image over kWgImage bytes
+int emu_wgmma(int n, int kind, const uint32_t* image, int words, int start, int lbo, int sbo,
+              int swizzle, const uint32_t* A, const float* C, float* D, int scale_d) {
+  if (words * 4 > wbprobe::kWgImage) return -2;
+  return wbprobe::wgmma_probe_launch(n, kind, [&](auto kernel, size_t bytes) {
+    wbemu::Launch<std::remove_pointer_t<decltype(kernel)>>{kernel, dim3(1), dim3(128), bytes}(
+        image, words, start, lbo, sbo, swizzle, A, C, D, scale_d);
+    return (int)cudaGetLastError();
+  });
 }
 const char* emu_last_failure(void) { return wbemu::last_failure().c_str(); }
 }

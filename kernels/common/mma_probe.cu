@@ -2,12 +2,15 @@
 // test that checks the host emulation's models of them (common/cuda_emu.h; CPU side:
 // cuda_emu_selftest.cpp; both build their fragments with common/mma_frags.h and issue the
 // kernels' own wrappers, common/mma_ops.h):
-// tests/kernels/test_cuda_emu.py. One warp a problem, row-major matrices in device memory.
+// tests/kernels/test_cuda_emu.py. One warp a problem, row-major matrices in device memory. And
+// one wgmma of a warpgroup (common/wgmma_probe.h, the source the emulation's side runs too).
 #include <cstdint>
 #include <cuda_runtime.h>
 
 #include "common/mma_frags.h"
 #include "common/mma_ops.h"
+#define WB_DYNAMIC_SMEM(T, name) extern __shared__ __align__(16) T name[]
+#include "common/wgmma_probe.h"
 
 namespace {
 
@@ -52,6 +55,19 @@ int probe_mma8(const float* A, const float* B, const float* C, float* D, int n) 
 int probe_mma16(const uint16_t* A, const uint16_t* B, const float* C, float* D, int n) {
   mma16_kernel<<<n, 32>>>(A, B, C, D);
   return status();
+}
+
+// one wgmma (common/wgmma_probe.h) of N columns, kind 0 tf32 / 1 bf16, on device pointers; a CUDA
+// status, -1 for an N not built, -2 for an image over kWgImage bytes
+int probe_wgmma(int n, int kind, const uint32_t* image, int words, int start, int lbo, int sbo,
+                int swizzle, const uint32_t* A, const float* C, float* D, int scale_d) {
+  if (words * 4 > wbprobe::kWgImage) return -2;
+  return wbprobe::wgmma_probe_launch(n, kind, [&](auto kernel, size_t bytes) {
+    cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
+    if (e != cudaSuccess) return (int)e;
+    kernel<<<1, 128, bytes>>>(image, words, start, lbo, sbo, swizzle, A, C, D, scale_d);
+    return status();
+  });
 }
 
 }  // extern "C"

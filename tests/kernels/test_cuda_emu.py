@@ -19,7 +19,8 @@ _P = ctypes.c_void_p
 @pytest.fixture(scope="module")
 def lib():
     lib = _native.load("cuda_emu_selftest", ["common/cuda_emu_selftest.cpp"], kind="cpu",
-                       headers=["common/cuda_emu.h", "common/mma_frags.h", "common/mma_ops.h"])
+                       headers=["common/cuda_emu.h", "common/mma_frags.h", "common/mma_ops.h",
+                                "common/wgmma_probe.h"])
     for name in ("emu_mma", "emu_mma16", "emu_ldmatrix", "emu_shfl", "emu_cp_async", "emu_named_barriers", "emu_deadlock"):
         getattr(lib, name).restype = ctypes.c_int
     lib.emu_ldmatrix.argtypes = [ctypes.c_int, _P]
@@ -150,7 +151,7 @@ def _emulated(lib, kind, A, B, C):
 
 
 # the probe issues the kernels' own mma wrappers (common/mma_ops.h) on common/mma_frags.h's fragments
-PROBE_HEADERS = ["common/mma_frags.h", "common/mma_ops.h"]
+PROBE_HEADERS = ["common/mma_frags.h", "common/mma_ops.h", "common/wgmma_probe.h"]
 
 
 def _on_gpu(kind, A, B, C):
@@ -224,3 +225,208 @@ def test_tensor_cores_match_the_emulated_mma(lib, kind):
           f"max |gpu - model| / terms {np.max(np.abs(gpu - emu) / terms):.3e}, "
           f"max |gpu - exact| / terms {np.max(np.abs(gpu - exact) / terms):.3e}, "
           f"max |model - exact| / terms {np.max(np.abs(emu - exact) / terms):.3e}")
+
+
+# ---------------------------------------------- wgmma (warpgroup MMA): the model and the GPU's
+
+# (kind, N, swizzle, start, lbo, sbo): B's layouts a kernel would use. Without swizzle a core
+# matrix is 8 rows of 16 bytes (128 bytes), the instruction's second 16 bytes of k LBO away, the
+# next 8 rows SBO away: k pieces adjacent (LBO 128, SBO 256) or far apart (LBO N / 8 * 128, SBO
+# 128). With a W-byte swizzle a row is W bytes, 8 rows SBO = 8 W apart; start 32 j is the j-th
+# k step of the row (as a kernel walks K within a swizzled tile).
+WG_LAYOUTS = [
+    ("tf32", 8, 0, 0, 128, 256),
+    ("tf32", 32, 0, 0, 512, 128),
+    ("tf32", 16, 32, 0, 0, 256),
+    ("tf32", 32, 64, 32, 0, 512),
+    ("tf32", 64, 128, 0, 0, 1024),
+    ("tf32", 64, 128, 96, 0, 1024),
+    ("bf16", 8, 0, 0, 128, 256),
+    ("bf16", 32, 0, 0, 512, 128),
+    ("bf16", 16, 32, 0, 0, 256),
+    ("bf16", 32, 64, 32, 0, 512),
+    ("bf16", 64, 128, 64, 0, 1024),
+]
+WG_IMAGE = 16384
+
+
+def wg_place_b(B: np.ndarray, kind: str, swizzle: int, start: int, lbo: int, sbo: int) -> np.ndarray:
+    """The shared-memory image (uint32 words, NaN elsewhere) holding B (K x N) as a K-major
+    wgmma operand, per the PTX ISA's canonical layouts (written here from the ISA, apart from the
+    model's code): element (k, n) in row n; 16-byte pieces of k; rows in groups of 8, SBO apart;
+    no swizzle: a row 16 bytes, the second piece LBO away; a W-byte swizzle: a row W bytes, the
+    16-byte unit index XORed with the row index within its 8 (bits 4.. with bits 7..)."""
+    e = 4 if kind == "tf32" else 2
+    bits = B.astype(np.float32).view(np.uint32) if kind == "tf32" else bf16_bits(B)
+    img = np.full(WG_IMAGE // e, 0x7FC00000 if e == 4 else 0x7FC0, np.uint32 if e == 4 else np.uint16)
+    per = 16 // e
+    K, N = B.shape
+    for k in range(K):
+        for n in range(N):
+            piece, within = divmod(k, per)
+            if swizzle == 0:
+                addr = start + (n // 8) * sbo + (n % 8) * 16 + piece * lbo + within * e
+            else:
+                addr = start + (n // 8) * sbo + (n % 8) * swizzle + piece * 16 + within * e
+                unit = (addr >> 4) & 7
+                row = (addr >> 7) & (swizzle // 16 - 1)
+                addr = (addr & ~0x70) | ((unit ^ row) << 4)
+            assert addr % e == 0 and addr + e <= WG_IMAGE
+            img[addr // e] = bits[k, n]
+    return img.view(np.uint32)
+
+
+def wg_a_frags(A: np.ndarray, kind: str) -> np.ndarray:
+    """A (64 x K) as the warpgroup's registers, [128, 4]: warp w's rows 16 w .. in mma.sync's
+    m16n8k8 tf32 / m16n8k16 bf16 A fragment."""
+    out = np.zeros((128, 4), np.uint32)
+    for t in range(128):
+        w, g, tq = t // 32, (t % 32) // 4, t % 4
+        r0 = 16 * w + g
+        if kind == "tf32":
+            u = A.astype(np.float32).view(np.uint32)
+            out[t] = [u[r0, tq], u[r0 + 8, tq], u[r0, tq + 4], u[r0 + 8, tq + 4]]
+        else:
+            b = bf16_bits(A).astype(np.uint32)
+            pair = [b[r, c] | (b[r, c + 1] << 16) for r, c in
+                    ((r0, 2 * tq), (r0 + 8, 2 * tq), (r0, 2 * tq + 8), (r0 + 8, 2 * tq + 8))]
+            out[t] = pair
+    return out
+
+
+def wg_d_index(N: int):
+    """(rows, cols) of D's registers [128, N / 2] (register i of lane (g, t) of warp w: row
+    16 w + g + 8 ((i / 2) % 2), column 8 (i / 4) + 2 t + i % 2)."""
+    t, i = np.meshgrid(np.arange(128), np.arange(N // 2), indexing="ij")
+    w, g, tq = t // 32, (t % 32) // 4, t % 4
+    return 16 * w + g + 8 * ((i // 2) % 2), 8 * (i // 4) + 2 * tq + i % 2
+
+
+def wg_regs(D: np.ndarray) -> np.ndarray:
+    rows, cols = wg_d_index(D.shape[1])
+    return np.ascontiguousarray(D[rows, cols], np.float32)
+
+
+def wg_matrix(regs: np.ndarray, N: int) -> np.ndarray:
+    rows, cols = wg_d_index(N)
+    D = np.full((64, N), np.nan, np.float32)
+    D[rows, cols] = regs
+    return D
+
+
+def _wg_run(fn, layout, A, B, C, scale_d=1):
+    kind, N, swizzle, start, lbo, sbo = layout
+    img = wg_place_b(B, kind, swizzle, start, lbo, sbo)
+    a = wg_a_frags(A, kind)
+    c = wg_regs(C)
+    return fn(N, 0 if kind == "tf32" else 1, img, start, lbo, sbo, swizzle, a, c, scale_d)
+
+
+def _wg_emu(lib):
+    lib.emu_wgmma.restype = ctypes.c_int
+
+    def run(N, kind, img, start, lbo, sbo, swizzle, a, c, scale_d):
+        d = np.full((128, N // 2), np.nan, np.float32)
+        st = lib.emu_wgmma(N, kind, ptr(img), len(img), start, lbo, sbo, swizzle, ptr(a), ptr(c), ptr(d), scale_d)
+        assert st == 0, (st, lib.emu_last_failure())
+        return wg_matrix(d, N)
+    return run
+
+
+def _wg_inputs(rng, kind, N, mixed=False):
+    k = 8 if kind == "tf32" else 16
+    if not mixed:
+        return (rng.integers(-8, 9, (64, k)).astype(np.float32), rng.integers(-8, 9, (k, N)).astype(np.float32),
+                rng.integers(-50, 51, (64, N)).astype(np.float32))
+    A, B, C = _mixed(rng, (64, k)), _mixed(rng, (k, N)), _mixed(rng, (64, N), exp=9)
+    if kind == "bf16":
+        A, B = _to_bf16(A), _to_bf16(B)
+    return A, B, C
+
+
+def _operands(kind, X):
+    return X if kind == "bf16" else (X.view(np.uint32) & 0xFFFFE000).view(np.float32)
+
+
+@pytest.mark.parametrize("layout", WG_LAYOUTS, ids=lambda x: "-".join(map(str, x)))
+def test_wgmma_model_reads_the_ptx_layouts(lib, layout):
+    """The emulation's wgmma (A from registers, B by shared-memory descriptor, K-major, no / 32 /
+    64 / 128-byte swizzle, a start inside the swizzle's row) equals A B + C on small integers, with
+    B placed by the ISA's canonical layout written independently here and NaN everywhere else (a
+    misread element shows); scale_d 0 drops C; on mixed magnitudes it is its documented arithmetic:
+    the tf32 (truncated) or bf16 products added to C in k order, rounded to float32 at each add."""
+    kind, N = layout[0], layout[1]
+    emu = _wg_emu(lib)
+    rng = np.random.default_rng(N + layout[2] + layout[3])
+    A, B, C = _wg_inputs(rng, kind, N)
+    np.testing.assert_array_equal(_wg_run(emu, layout, A, B, C), A @ B + C)
+    np.testing.assert_array_equal(_wg_run(emu, layout, A, B, C, scale_d=0), A @ B)
+    A, B, C = _wg_inputs(rng, kind, N, mixed=True)
+    opA, opB = _operands(kind, A), _operands(kind, B)
+    want = C.copy()
+    for k in range(A.shape[1]):
+        want = (want + np.outer(opA[:, k], opB[k, :])).astype(np.float32)
+    np.testing.assert_array_equal(_wg_run(emu, layout, A, B, C), want)
+
+
+def test_wgmma_probe_builds_for_sm90a():
+    """The GPU probe's wgmma (mma_ops.h's wrappers for N = 8..64, tf32 and bf16) is valid PTX for
+    sm_90a: nvcc builds it here (without a GPU)."""
+    if _native.find_nvcc() is None:
+        pytest.skip("nvcc not found")
+    path = _native.build("mma_probe", ["common/mma_probe.cu"], kind="cuda", headers=PROBE_HEADERS)
+    assert path.exists() and path.stat().st_size > 0
+
+
+def _wg_gpu():
+    import torch
+    lib = _native.load("mma_probe", ["common/mma_probe.cu"], kind="cuda", headers=PROBE_HEADERS)
+    lib.probe_wgmma.restype = ctypes.c_int
+
+    def run(N, kind, img, start, lbo, sbo, swizzle, a, c, scale_d):
+        dev = [torch.from_numpy(x.view(np.int32) if x.dtype == np.uint32 else x).cuda() for x in (img, a, c)]
+        d = torch.full((128, N // 2), float("nan"), device="cuda")
+        st = lib.probe_wgmma(N, kind, _P(dev[0].data_ptr()), len(img), start, lbo, sbo, swizzle,
+                             _P(dev[1].data_ptr()), _P(dev[2].data_ptr()), _P(d.data_ptr()), scale_d)
+        assert st == 0, f"CUDA status {st}"
+        return wg_matrix(d.cpu().numpy(), N)
+    return run
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", WG_LAYOUTS, ids=lambda x: "-".join(map(str, x)))
+def test_tensor_cores_match_the_emulated_wgmma(lib, layout, tmp_path):
+    """The tensor cores' wgmma (common/wgmma_probe.h through mma_probe.cu) and the emulation's
+    model (the same source through cuda_emu_selftest.cpp) on the same image, descriptor and
+    fragments: on small integers both equal A B + C exactly (the layouts: descriptor fields,
+    swizzle, fragments), scale_d 0 drops C; on mixed magnitudes both within the rounding of a
+    float32 sum of the k + 1 terms, the bound from each result's own terms; the share of bit-equal
+    results is printed. With WB_PROBE_DUMP set, the GPU's results go there (for a layout that
+    disagrees, to read what it did)."""
+    import os
+    import torch
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    kind, N = layout[0], layout[1]
+    gpu_run, emu = _wg_gpu(), _wg_emu(lib)
+    rng = np.random.default_rng(N + layout[2] + layout[3])
+    A, B, C = _wg_inputs(rng, kind, N)
+    gpu = _wg_run(gpu_run, layout, A, B, C)
+    if os.environ.get("WB_PROBE_DUMP"):
+        name = "-".join(map(str, layout))
+        np.savez(os.path.join(os.environ["WB_PROBE_DUMP"], f"wgmma-{name}.npz"), A=A, B=B, C=C, gpu=gpu)
+    np.testing.assert_array_equal(gpu, A @ B + C)
+    np.testing.assert_array_equal(_wg_run(emu, layout, A, B, C), gpu)
+    np.testing.assert_array_equal(_wg_run(gpu_run, layout, A, B, C, scale_d=0), A @ B)
+    A, B, C = _wg_inputs(rng, kind, N, mixed=True)
+    k = A.shape[1]
+    gpu, model = _wg_run(gpu_run, layout, A, B, C), _wg_run(emu, layout, A, B, C)
+    opA, opB = _operands(kind, A).astype(np.float64), _operands(kind, B).astype(np.float64)
+    exact = opA @ opB + C
+    terms = np.abs(opA) @ np.abs(opB) + np.abs(C.astype(np.float64))
+    bound = 2 * (k + 1) * 2.0 ** -24 * terms
+    assert np.all(np.abs(model - exact) <= bound), "the model is off its own error bound"
+    assert np.all(np.abs(gpu - exact) <= bound), "the tensor cores are off the model's bound"
+    print(f"wgmma {layout}: {np.mean(gpu == model):.4f} of {gpu.size} bit-equal to the model; "
+          f"max |gpu - exact| / terms {np.max(np.abs(gpu - exact) / terms):.3e}, "
+          f"max |model - exact| / terms {np.max(np.abs(model - exact) / terms):.3e}")
