@@ -1,0 +1,230 @@
+// The products of one chunk step of a fused GDN prefill kernel shaped like FlashInfer's SM90 one
+// (docs/kernels/gdn.md, "What a fused kernel would have to keep"), on wgmma, to time what they
+// cost before such a kernel is written: benchmarks/gdn_wgmma_chunk.py. Not a GDN kernel: no loads
+// from global memory in the loop, no intra-chunk solve, no gates but one decay; the same operand
+// tiles every chunk. What it keeps of the fused kernel: a block per (sequence, value head), two
+// warpgroups that each hold 64 of the state's 128 value rows ([V, K], K = 128) in wgmma
+// accumulators for the whole sequence, and a chunk's five products with register A operands:
+//   o  = S Bq            (S Q^T: o's inter-chunk part; Bq = Q^T, K x C)
+//   x  = -(S Bk)         (S K^T, as in V - S K^T; Bk = K^T)
+//   nv = x Bt            ((V - S K^T) T^T; Bt = T^T, C x C)
+//   o += nv Bp           (the intra-chunk part; Bp, C x C)
+//   S  = d S + nv Bk2    (the update; Bk2 = K, C x K)
+// C = 64 positions a chunk. B tiles in shared memory, K-major with the 128-byte swizzle (one
+// descriptor a 32-byte k step). KIND 0: tf32 operands (A rounded to nearest tf32 with cvt.rna;
+// B as given, the tensor cores truncate), m64nNk8; KIND 1: bf16 operands (A packed to bf16 from the
+// float32 accumulators, B in bf16), m64nNk16, as FlashInfer rounds. The final S and the last
+// chunk's o go to global memory so that a test can check the products against float64.
+//
+// tf32 A operands come straight from accumulators: accumulator register 4 j + e of lane (g, t)
+// holds column 8 j + 2 t + e % 2 (row g or g + 8), tf32's A fragment wants k = t and t + 4 of
+// the k step; so the lane gives column 2 t as k t and 2 t + 1 as k t + 4, and B's shared-memory
+// rows hold k in that order (physical k 2 l <- logical l, 2 l + 1 <- l + 4, in each group of 8:
+// kperm below). bf16's A fragment matches the accumulators' pairs as they are.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "common/mma_ops.h"
+
+namespace {
+
+constexpr int kC = 64, kK = 128, kThreads = 256;
+
+// bytes of a B tile of N rows and KC of contraction, e bytes an element, 128-byte swizzle atoms
+// of 8 rows x 128 bytes: [k atom][row group][8 rows][128 bytes]
+template <int E>
+__host__ __device__ constexpr int tile_bytes(int N, int KC) { return N * KC * E; }
+
+// the logical k (the A fragment's) that physical k p occupies in B's rows (tf32): see above
+__device__ __forceinline__ int kperm(int p) { return (p & ~7) | ((p & 1) ? 4 + ((p & 7) >> 1) : ((p & 7) >> 1)); }
+
+// byte offset of B's element (k logical, n) in a tile of N rows, E bytes an element
+template <int E>
+__device__ __forceinline__ uint32_t b_offset(int k, int n, int N) {
+  constexpr int per = 128 / E;  // elements of k in a 128-byte row
+  uint32_t a = (uint32_t)(k / per) * (N / 8) * 1024 + (uint32_t)(n / 8) * 1024 + (n % 8) * 128 + (k % per) * E;
+  return a ^ (((a >> 7) & 7) << 4);
+}
+
+// math B (KC x N, row-major float32) into its tile at smem byte offset base (1024-aligned)
+template <int KIND>
+__device__ void place(uint8_t* sm, uint32_t base, const float* B, int KC, int N) {
+  for (int i = threadIdx.x; i < KC * N; i += blockDim.x) {
+    const int p = i / N, n = i % N;
+    if constexpr (KIND == 0) {
+      *reinterpret_cast<float*>(sm + base + b_offset<4>(kperm(p), n, N)) = B[i];
+    } else {
+      *reinterpret_cast<__nv_bfloat16*>(sm + base + b_offset<2>(p, n, N)) = __float2bfloat16_rn(B[i]);
+    }
+  }
+}
+
+// the descriptor of k step j (32 bytes of k) of a tile of N rows at shared address sa, columns
+// n0.. (a multiple of 8) of it
+__device__ __forceinline__ uint64_t b_desc(uint32_t sa, int j, int N, int n0) {
+  const uint32_t at = sa + (uint32_t)(j * 32 / 128) * (N / 8) * 1024 + (uint32_t)(n0 / 8) * 1024 + (j * 32) % 128;
+  return wbmma::smem_desc(at, 16, 1024, 128);
+}
+
+__device__ __forceinline__ uint32_t tf32_rn(float x) {
+  uint32_t r;
+  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
+  return r;
+}
+__device__ __forceinline__ uint32_t bf16x2(float lo, float hi) {
+  const __nv_bfloat162 p = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&p);
+}
+
+// the A fragment of k step j from accumulators d (a 64 x 8 NT tile's registers)
+template <int KIND, int NR>
+__device__ __forceinline__ void a_frag(const float (&d)[NR], int j, uint32_t (&a)[4]) {
+  if constexpr (KIND == 0) {
+    a[0] = tf32_rn(d[4 * j]), a[1] = tf32_rn(d[4 * j + 2]), a[2] = tf32_rn(d[4 * j + 1]), a[3] = tf32_rn(d[4 * j + 3]);
+  } else {
+    a[0] = bf16x2(d[8 * j], d[8 * j + 1]), a[1] = bf16x2(d[8 * j + 2], d[8 * j + 3]);
+    a[2] = bf16x2(d[8 * j + 4], d[8 * j + 5]), a[3] = bf16x2(d[8 * j + 6], d[8 * j + 7]);
+  }
+}
+
+// keeps the compiler from moving accumulator registers across the asynchronous region (what ptxas
+// would otherwise serialize the wgmma for)
+template <int NR>
+__device__ __forceinline__ void fence_regs(float (&r)[NR]) {
+#pragma unroll
+  for (int i = 0; i < NR; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+
+template <int KIND>
+__device__ __forceinline__ void mma64(float (&d)[32], const uint32_t (&a)[4], uint64_t desc, bool acc) {
+  if constexpr (KIND == 0) wbmma::wgmma_tf32<64>(d, a, desc, acc);
+  else wbmma::wgmma_bf16<64>(d, a, desc, acc);
+}
+
+// A fragments of the KC / k-step steps of a 64 x KC operand held as accumulators (src: its
+// registers, 64 x 8 NR / 4), formed before the wgmma.fence of the products that read them: a
+// register written between two wgmma would make ptxas fence (serialize) each of them
+template <int KIND, int KC, int NR, int ST>
+__device__ __forceinline__ void frags(const float (&src)[NR], uint32_t (&a)[ST][4], int j0 = 0) {
+#pragma unroll
+  for (int j = 0; j < KC / (KIND == 0 ? 8 : 16); ++j) a_frag<KIND>(src, j, a[j0 + j]);
+}
+
+// d (64 x 64) (+)= A (64 x KC, fragments a) B (tile at sa, N rows, columns n0..n0+63); acc false:
+// d's old values are not read (zeroed here, so that they are not live before the product)
+template <int KIND, int KC, int ST>
+__device__ __forceinline__ void product(float (&d)[32], const uint32_t (&a)[ST][4], uint32_t sa, int N, int n0,
+                                        bool acc) {
+#pragma unroll
+  for (int j = 0; j < KC / (KIND == 0 ? 8 : 16); ++j) mma64<KIND>(d, a[j], b_desc(sa, j, N, n0), acc || j > 0);
+}
+
+// tiles: Bq (K x C: 64 rows of n, 128 of k), Bk (same), Bt (C x C), Bp (C x C), Bk2 (C x K: 128
+// rows of n, 64 of k); block b runs `chunks` steps from S0's rows of its own (the same for all
+// blocks) and writes S (128 x 128) and the last o (128 x 64) for block 0
+template <int KIND>
+__global__ void __launch_bounds__(kThreads, 1)
+wgmma_chunk(const float* Bq, const float* Bk, const float* Bt, const float* Bp, const float* Bk2,
+            const float* S0, float decay, int chunks, float* S_out, float* o_out) {
+  extern __shared__ __align__(16) uint8_t smraw[];
+  constexpr int E = KIND == 0 ? 4 : 2;
+  const uint32_t sa0 = wbmma::smem_u32(smraw), pad = (1024 - sa0 % 1024) % 1024;
+  uint8_t* sm = smraw + pad;
+  const uint32_t q = 0, k = q + tile_bytes<E>(kC, kK), t = k + tile_bytes<E>(kC, kK),
+                 p = t + tile_bytes<E>(kC, kC), k2 = p + tile_bytes<E>(kC, kC);
+  place<KIND>(sm, q, Bq, kK, kC);
+  place<KIND>(sm, k, Bk, kK, kC);
+  place<KIND>(sm, t, Bt, kC, kC);
+  place<KIND>(sm, p, Bp, kC, kC);
+  place<KIND>(sm, k2, Bk2, kC, kK);
+  wbmma::fence_async_smem();
+  __syncthreads();
+  const uint32_t sb = sa0 + pad;
+  const int tid = threadIdx.x, wg = tid / 128, w = (tid % 128) / 32, g = (tid % 32) / 4, tq = tid % 4;
+  auto row = [&](int i) { return 64 * wg + 16 * w + g + 8 * ((i / 2) % 2); };
+  auto col = [&](int i) { return 8 * (i / 4) + 2 * tq + i % 2; };
+  float s[2][32], o[32], x[32], nv[32];
+#pragma unroll
+  for (int h = 0; h < 2; ++h)
+#pragma unroll
+    for (int i = 0; i < 32; ++i) s[h][i] = S0[row(i) * kK + 64 * h + col(i)];
+  auto fence_all = [&]() {
+    fence_regs(s[0]), fence_regs(s[1]), fence_regs(o), fence_regs(x), fence_regs(nv);
+  };
+  constexpr int SK = kK / (KIND == 0 ? 8 : 16), SC = kC / (KIND == 0 ? 8 : 16);  // k steps
+  uint32_t as[SK][4], ax[SC][4];
+  for (int c = 0; c < chunks; ++c) {
+    // o = S Bq and x = S Bk, both from S's fragments
+    frags<KIND, 64>(s[0], as);
+    frags<KIND, 64>(s[1], as, SK / 2);
+#pragma unroll
+    for (int i = 0; i < 32; ++i) o[i] = x[i] = 0.0f;
+    fence_all();
+    wbmma::wgmma_fence();
+    product<KIND, kK>(o, as, sb + q, kC, 0, false);
+    product<KIND, kK>(x, as, sb + k, kC, 0, false);
+    wbmma::wgmma_commit();
+    wbmma::wgmma_wait<0>();
+    fence_all();
+    // nv = -x Bt
+#pragma unroll
+    for (int i = 0; i < 32; ++i) x[i] = -x[i], nv[i] = 0.0f;
+    frags<KIND, kC>(x, ax);
+    fence_all();
+    wbmma::wgmma_fence();
+    product<KIND, kC>(nv, ax, sb + t, kC, 0, false);
+    wbmma::wgmma_commit();
+    wbmma::wgmma_wait<0>();
+    fence_all();
+    // o += nv Bp, S = decay S + nv Bk2
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int i = 0; i < 32; ++i) s[h][i] *= decay;
+    frags<KIND, kC>(nv, ax);
+    fence_all();
+    wbmma::wgmma_fence();
+    product<KIND, kC>(o, ax, sb + p, kC, 0, true);
+    product<KIND, kC>(s[0], ax, sb + k2, kK, 0, true);
+    product<KIND, kC>(s[1], ax, sb + k2, kK, 64, true);
+    wbmma::wgmma_commit();
+    wbmma::wgmma_wait<0>();
+    fence_all();
+  }
+  if (blockIdx.x == 0) {
+#pragma unroll
+    for (int i = 0; i < 32; ++i) {
+      S_out[row(i) * kK + col(i)] = s[0][i];
+      S_out[row(i) * kK + 64 + col(i)] = s[1][i];
+      o_out[row(i) * kC + col(i)] = o[i];
+    }
+  }
+}
+
+template <int KIND>
+int run(int blocks, const float* Bq, const float* Bk, const float* Bt, const float* Bp, const float* Bk2,
+        const float* S0, float decay, int chunks, float* S_out, float* o_out, cudaStream_t s) {
+  constexpr int E = KIND == 0 ? 4 : 2;
+  const int bytes = 2 * tile_bytes<E>(kC, kK) + 2 * tile_bytes<E>(kC, kC) + tile_bytes<E>(kK, kC) + 1024;
+  cudaError_t e = cudaFuncSetAttribute(wgmma_chunk<KIND>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+  if (e != cudaSuccess) return (int)e;
+  wgmma_chunk<KIND><<<blocks, kThreads, bytes, s>>>(Bq, Bk, Bt, Bp, Bk2, S0, decay, chunks, S_out, o_out);
+  return (int)cudaGetLastError();
+}
+
+}  // namespace
+
+extern "C" {
+
+// kind 0 tf32, 1 bf16: `blocks` blocks of `chunks` chunk steps each (device pointers; see the
+// kernel); a CUDA status (asynchronous on stream)
+int wgmma_chunk_run(int kind, int blocks, const float* Bq, const float* Bk, const float* Bt, const float* Bp,
+                    const float* Bk2, const float* S0, float decay, int chunks, float* S_out, float* o_out,
+                    void* stream) {
+  auto s = static_cast<cudaStream_t>(stream);
+  return kind == 0 ? run<0>(blocks, Bq, Bk, Bt, Bp, Bk2, S0, decay, chunks, S_out, o_out, s)
+                   : run<1>(blocks, Bq, Bk, Bt, Bp, Bk2, S0, decay, chunks, S_out, o_out, s);
+}
+
+}  // extern "C"
