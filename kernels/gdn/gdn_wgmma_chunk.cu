@@ -21,9 +21,19 @@
 // the k step; so the lane gives column 2 t as k t and 2 t + 1 as k t + 4, and B's shared-memory
 // rows hold k in that order (physical k 2 l <- logical l, 2 l + 1 <- l + 4, in each group of 8:
 // kperm below). bf16's A fragment matches the accumulators' pairs as they are.
+#include <stdint.h>
+#include <string.h>
+
+#ifdef WB_MMA_EMU
+// the host emulation (kernels/gdn/gdn_wgmma_chunk_emu.cpp): the same kernel on the CPU, for tests
+#include "common/cuda_emu.h"
+#define WB_SMEM_DECL(name) WB_DYNAMIC_SMEM(uint8_t, name)
+#else
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
-#include <stdint.h>
+#define WB_LAUNCH(g, b, m, s, ...) __VA_ARGS__<<<g, b, m, s>>>
+#define WB_SMEM_DECL(name) extern __shared__ __align__(16) uint8_t name[]
+#endif
 
 #include "common/mma_ops.h"
 
@@ -68,13 +78,19 @@ __device__ __forceinline__ uint64_t b_desc(uint32_t sa, int j, int N, int n0) {
 }
 
 __device__ __forceinline__ uint32_t tf32_rn(float x) {
+#ifdef WB_MMA_EMU
+  return wbemu::cvt_rna_tf32(x);
+#else
   uint32_t r;
   asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
   return r;
+#endif
 }
 __device__ __forceinline__ uint32_t bf16x2(float lo, float hi) {
   const __nv_bfloat162 p = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&p);
+  uint32_t r;
+  memcpy(&r, &p, 4);
+  return r;
 }
 
 // the A fragment of k step j from accumulators d (a 64 x 8 NT tile's registers)
@@ -92,8 +108,10 @@ __device__ __forceinline__ void a_frag(const float (&d)[NR], int j, uint32_t (&a
 // would otherwise serialize the wgmma for)
 template <int NR>
 __device__ __forceinline__ void fence_regs(float (&r)[NR]) {
+#ifndef WB_MMA_EMU
 #pragma unroll
   for (int i = 0; i < NR; ++i) asm volatile("" : "+f"(r[i])::"memory");
+#endif
 }
 
 template <int KIND>
@@ -127,7 +145,7 @@ template <int KIND>
 __global__ void __launch_bounds__(kThreads, 1)
 wgmma_chunk(const float* Bq, const float* Bk, const float* Bt, const float* Bp, const float* Bk2,
             const float* S0, float decay, int chunks, float* S_out, float* o_out) {
-  extern __shared__ __align__(16) uint8_t smraw[];
+  WB_SMEM_DECL(smraw);
   constexpr int E = KIND == 0 ? 4 : 2;
   const uint32_t sa0 = wbmma::smem_u32(smraw), pad = (1024 - sa0 % 1024) % 1024;
   uint8_t* sm = smraw + pad;
@@ -209,7 +227,7 @@ int run(int blocks, const float* Bq, const float* Bk, const float* Bt, const flo
   const int bytes = 2 * tile_bytes<E>(kC, kK) + 2 * tile_bytes<E>(kC, kC) + tile_bytes<E>(kK, kC) + 1024;
   cudaError_t e = cudaFuncSetAttribute(wgmma_chunk<KIND>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
   if (e != cudaSuccess) return (int)e;
-  wgmma_chunk<KIND><<<blocks, kThreads, bytes, s>>>(Bq, Bk, Bt, Bp, Bk2, S0, decay, chunks, S_out, o_out);
+  WB_LAUNCH(blocks, kThreads, bytes, s, wgmma_chunk<KIND>)(Bq, Bk, Bt, Bp, Bk2, S0, decay, chunks, S_out, o_out);
   return (int)cudaGetLastError();
 }
 
