@@ -10,6 +10,18 @@
 
 namespace wbmma {
 
+// cvt.rna.tf32.f32: x rounded to nearest tf32 (ties away from zero), an operand for the tensor
+// cores (which read its tf32 part; sm_90's conversion clears the low 13 bits, the model does too)
+__device__ __forceinline__ uint32_t tf32_rna(float x) {
+#ifdef WB_CUDA_EMU
+  return wbemu::cvt_rna_tf32(x);
+#else
+  uint32_t r;
+  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
+  return r;
+#endif
+}
+
 // mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32: A 16 x 8, B 8 x 8, float32 bit patterns of
 // which the tensor cores read the tf32 part
 __device__ __forceinline__ void tf32_m16n8k8(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,

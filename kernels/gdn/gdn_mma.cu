@@ -160,16 +160,11 @@ constexpr int kThreads = 256;  // every kernel: 8 warps
 constexpr int kFacRows = 5, kFac = 2 * kC * kC, kChunkWs = kFac + kFacRows * kC;
 
 __device__ __forceinline__ uint32_t tf32_bits(float x) {
-#ifdef WB_MMA_EMU
-  return wbemu::cvt_rna_tf32(x);  // the low 13 bits cleared
-#else
-  uint32_t r;
-  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900
-  return r;  // sm_90: the conversion's own code clears the 13 low bits (its SASS ends in that mask)
+  const uint32_t r = wbmma::tf32_rna(x);
+#if defined(WB_MMA_EMU) || (defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900)
+  return r;  // the model, and sm_90's conversion (its SASS ends in that mask), clear the 13 low bits
 #else
   return r & 0xffffe000u;
-#endif
 #endif
 }
 // x rounded to nearest tf32 (ties away from zero), as a float
@@ -178,13 +173,7 @@ __device__ __forceinline__ float rtf32(float x) { return __uint_as_float(tf32_bi
 template <bool CVT>
 __device__ __forceinline__ uint32_t opnd(float x) {
   if constexpr (CVT) {
-#ifdef WB_MMA_EMU
-    return wbemu::cvt_rna_tf32(x);
-#else
-    uint32_t r;
-    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
-    return r;
-#endif
+    return wbmma::tf32_rna(x);
   } else {
     return __float_as_uint(x);
   }

@@ -77,15 +77,6 @@ __device__ __forceinline__ uint64_t b_desc(uint32_t sa, int j, int N, int n0) {
   return wbmma::smem_desc(at, 16, 1024, 128);
 }
 
-__device__ __forceinline__ uint32_t tf32_rn(float x) {
-#ifdef WB_MMA_EMU
-  return wbemu::cvt_rna_tf32(x);
-#else
-  uint32_t r;
-  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
-  return r;
-#endif
-}
 __device__ __forceinline__ uint32_t bf16x2(float lo, float hi) {
   const __nv_bfloat162 p = __floats2bfloat162_rn(lo, hi);
   uint32_t r;
@@ -97,7 +88,8 @@ __device__ __forceinline__ uint32_t bf16x2(float lo, float hi) {
 template <int KIND, int NR>
 __device__ __forceinline__ void a_frag(const float (&d)[NR], int j, uint32_t (&a)[4]) {
   if constexpr (KIND == 0) {
-    a[0] = tf32_rn(d[4 * j]), a[1] = tf32_rn(d[4 * j + 2]), a[2] = tf32_rn(d[4 * j + 1]), a[3] = tf32_rn(d[4 * j + 3]);
+    a[0] = wbmma::tf32_rna(d[4 * j]), a[1] = wbmma::tf32_rna(d[4 * j + 2]);
+    a[2] = wbmma::tf32_rna(d[4 * j + 1]), a[3] = wbmma::tf32_rna(d[4 * j + 3]);
   } else {
     a[0] = bf16x2(d[8 * j], d[8 * j + 1]), a[1] = bf16x2(d[8 * j + 2], d[8 * j + 3]);
     a[2] = bf16x2(d[8 * j + 4], d[8 * j + 5]), a[3] = bf16x2(d[8 * j + 6], d[8 * j + 7]);
