@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from workbench.kernels import _native  # noqa: E402
 
-KINDS = {"tf32": 0, "bf16": 1}
+KINDS = {"tf32": 0, "bf16": 1, "bf16x2": 2}
 C, K, V = 64, 128, 128
 
 
@@ -38,15 +38,18 @@ def load():
 
 
 def operands(seed=0):
-    """The B tiles (math orientation, contraction first) and the initial state, float32; values
-    exact in bf16 so that both kinds read the same B."""
+    """The B tiles (math orientation, contraction first) and the initial state, float32. Those
+    that stand for q and k (Bq, Bk, Bk2) and the state are exact in bf16, as a GDN kernel's bf16
+    inputs are; Bt and Bp (the chunk's T and P, float32 in a GDN kernel) are not (so the bf16
+    kind rounds them, the tf32 kind truncates them, bf16x2 splits them)."""
     rng = np.random.default_rng(seed)
 
-    def m(*shape, scale):
+    def m(*shape, scale, exact=True):
         x = (rng.standard_normal(shape) * scale).astype(np.float32)
-        return (x.view(np.uint32) & 0xFFFF0000).view(np.float32)  # bf16-exact
-    return {"Bq": m(K, C, scale=K ** -0.5), "Bk": m(K, C, scale=K ** -0.5), "Bt": m(C, C, scale=0.5 * C ** -0.5),
-            "Bp": m(C, C, scale=0.5 * C ** -0.5), "Bk2": m(C, K, scale=0.5 * C ** -0.5), "S0": m(V, K, scale=1.0)}
+        return (x.view(np.uint32) & 0xFFFF0000).view(np.float32) if exact else x
+    return {"Bq": m(K, C, scale=K ** -0.5), "Bk": m(K, C, scale=K ** -0.5),
+            "Bt": m(C, C, scale=0.5 * C ** -0.5, exact=False), "Bp": m(C, C, scale=0.5 * C ** -0.5, exact=False),
+            "Bk2": m(C, K, scale=0.5 * C ** -0.5), "S0": m(V, K, scale=1.0)}
 
 
 def reference(ops, decay, chunks):
@@ -124,9 +127,10 @@ def main():
             ms = {k: min(v) for k, v in runs.items()}
             row = {"blocks": blocks, "chunks": chunks, **{f"ms_{k}": ms[k] for k in KINDS},
                    **{f"us_per_chunk_{k}": 1e3 * ms[k] / chunks for k in KINDS},
-                   **{f"ms_{k}_runs": runs[k] for k in KINDS}, "tf32_over_bf16": ms["tf32"] / ms["bf16"]}
+                   **{f"ms_{k}_runs": runs[k] for k in KINDS}, "tf32_over_bf16": ms["tf32"] / ms["bf16"],
+                   "bf16x2_over_tf32": ms["bf16x2"] / ms["tf32"]}
             # the products' FLOPs a chunk step and block: 2 warpgroups x (2 x 64x64x128 + 2 x 64x64x64
-            # + 64x128x64) x 2
+            # + 64x128x64) x 2 (bf16x2: the same useful FLOPs, its extra half-products not counted)
             flops = 2 * 2 * (2 * 64 * 64 * 128 + 2 * 64 * 64 * 64 + 64 * 128 * 64) * chunks * blocks
             row.update({f"tflops_{k}": flops / (ms[k] * 1e-3) / 1e12 for k in KINDS})
             rows.append(row)

@@ -13,7 +13,8 @@
 // C = 64 positions a chunk. B tiles in shared memory, K-major with the 128-byte swizzle (one
 // descriptor a 32-byte k step). KIND 0: tf32 operands (A rounded to nearest tf32 with cvt.rna;
 // B as given, the tensor cores truncate), m64nNk8; KIND 1: bf16 operands (A packed to bf16 from the
-// float32 accumulators, B in bf16), m64nNk16, as FlashInfer rounds. The final S and the last
+// float32 accumulators, B in bf16), m64nNk16, as FlashInfer rounds; KIND 2: bf16 operands in two
+// halves where they are not bf16 already (twelve bf16 products a chunk; see the kernel). The final S and the last
 // chunk's o go to global memory so that a test can check the products against float64.
 //
 // tf32 A operands come straight from accumulators: accumulator register 4 j + e of lane (g, t)
@@ -57,15 +58,18 @@ __device__ __forceinline__ uint32_t b_offset(int k, int n, int N) {
   return a ^ (((a >> 7) & 7) << 4);
 }
 
-// math B (KC x N, row-major float32) into its tile at smem byte offset base (1024-aligned)
-template <int KIND>
+// math B (KC x N, row-major float32) into its tile at smem byte offset base (1024-aligned); bf16
+// kinds: B rounded to bf16, or (LO) what that rounding left, B - bf16(B), rounded to bf16
+template <int KIND, bool LO = false>
 __device__ void place(uint8_t* sm, uint32_t base, const float* B, int KC, int N) {
   for (int i = threadIdx.x; i < KC * N; i += blockDim.x) {
     const int p = i / N, n = i % N;
     if constexpr (KIND == 0) {
       *reinterpret_cast<float*>(sm + base + b_offset<4>(kperm(p), n, N)) = B[i];
     } else {
-      *reinterpret_cast<__nv_bfloat16*>(sm + base + b_offset<2>(p, n, N)) = __float2bfloat16_rn(B[i]);
+      const __nv_bfloat16 hi = __float2bfloat16_rn(B[i]);
+      *reinterpret_cast<__nv_bfloat16*>(sm + base + b_offset<2>(p, n, N)) =
+          LO ? __float2bfloat16_rn(B[i] - __bfloat162float(hi)) : hi;
     }
   }
 }
@@ -77,6 +81,8 @@ __device__ __forceinline__ uint64_t b_desc(uint32_t sa, int j, int N, int n0) {
   return wbmma::smem_desc(at, 16, 1024, 128);
 }
 
+// x minus its bf16 rounding (the low half of a two-bf16 split: x = hi + lo to 16 bits)
+__device__ __forceinline__ float bf16_rest(float x) { return x - __bfloat162float(__float2bfloat16_rn(x)); }
 __device__ __forceinline__ uint32_t bf16x2(float lo, float hi) {
   const __nv_bfloat162 p = __floats2bfloat162_rn(lo, hi);
   uint32_t r;
@@ -94,6 +100,13 @@ __device__ __forceinline__ void a_frag(const float (&d)[NR], int j, uint32_t (&a
     a[0] = bf16x2(d[8 * j], d[8 * j + 1]), a[1] = bf16x2(d[8 * j + 2], d[8 * j + 3]);
     a[2] = bf16x2(d[8 * j + 4], d[8 * j + 5]), a[3] = bf16x2(d[8 * j + 6], d[8 * j + 7]);
   }
+}
+
+// the low halves' fragment of k step j (bf16 of what the bf16 rounding of d left)
+template <int NR>
+__device__ __forceinline__ void a_frag_lo(const float (&d)[NR], int j, uint32_t (&a)[4]) {
+  auto r = [&](int i) { return bf16_rest(d[8 * j + i]); };
+  a[0] = bf16x2(r(0), r(1)), a[1] = bf16x2(r(2), r(3)), a[2] = bf16x2(r(4), r(5)), a[3] = bf16x2(r(6), r(7));
 }
 
 // keeps the compiler from moving accumulator registers across the asynchronous region (what ptxas
@@ -120,6 +133,11 @@ __device__ __forceinline__ void frags(const float (&src)[NR], uint32_t (&a)[ST][
 #pragma unroll
   for (int j = 0; j < KC / (KIND == 0 ? 8 : 16); ++j) a_frag<KIND>(src, j, a[j0 + j]);
 }
+template <int KC, int NR, int ST>
+__device__ __forceinline__ void frags_lo(const float (&src)[NR], uint32_t (&a)[ST][4], int j0 = 0) {
+#pragma unroll
+  for (int j = 0; j < KC / 16; ++j) a_frag_lo(src, j, a[j0 + j]);
+}
 
 // d (64 x 64) (+)= A (64 x KC, fragments a) B (tile at sa, N rows, columns n0..n0+63); acc false:
 // d's old values are not read (zeroed here, so that they are not live before the product)
@@ -133,21 +151,39 @@ __device__ __forceinline__ void product(float (&d)[32], const uint32_t (&a)[ST][
 // tiles: Bq (K x C: 64 rows of n, 128 of k), Bk (same), Bt (C x C), Bp (C x C), Bk2 (C x K: 128
 // rows of n, 64 of k); block b runs `chunks` steps from S0's rows of its own (the same for all
 // blocks) and writes S (128 x 128) and the last o (128 x 64) for block 0
+// the shared memory of KIND's tiles: Bq, Bk, Bt, Bp, Bk2 (and KIND 2: Bt's and Bp's low halves)
+template <int KIND>
+constexpr int tiles_bytes() {
+  constexpr int E = KIND == 0 ? 4 : 2;
+  return 2 * tile_bytes<E>(kC, kK) + (KIND == 2 ? 4 : 2) * tile_bytes<E>(kC, kC) + tile_bytes<E>(kK, kC);
+}
+
+// KIND 2: bf16 operands split in two halves (hi = bf16(x), lo = bf16(x - hi)) where they are not
+// bf16 already: A always (S, x, nv come from float32 accumulators); B for Bt and Bp (the chunk's
+// T and P are float32 in a GDN kernel), not for Bq, Bk, Bk2 (q and k are bf16 inputs, exact).
+// Products: A B as hi B + lo B, or hi Bhi + hi Blo + lo Bhi (the model's `fused-x2s`: twelve bf16
+// products a chunk instead of five).
 template <int KIND>
 __global__ void __launch_bounds__(kThreads, 1)
 wgmma_chunk(const float* Bq, const float* Bk, const float* Bt, const float* Bp, const float* Bk2,
             const float* S0, float decay, int chunks, float* S_out, float* o_out) {
   WB_SMEM_DECL(smraw);
-  constexpr int E = KIND == 0 ? 4 : 2;
+  constexpr bool X2 = KIND == 2;
+  constexpr int MK = X2 ? 1 : KIND, E = KIND == 0 ? 4 : 2;  // the mma's kind, an element's bytes
   const uint32_t sa0 = wbmma::smem_u32(smraw), pad = (1024 - sa0 % 1024) % 1024;
   uint8_t* sm = smraw + pad;
   const uint32_t q = 0, k = q + tile_bytes<E>(kC, kK), t = k + tile_bytes<E>(kC, kK),
-                 p = t + tile_bytes<E>(kC, kC), k2 = p + tile_bytes<E>(kC, kC);
-  place<KIND>(sm, q, Bq, kK, kC);
-  place<KIND>(sm, k, Bk, kK, kC);
-  place<KIND>(sm, t, Bt, kC, kC);
-  place<KIND>(sm, p, Bp, kC, kC);
-  place<KIND>(sm, k2, Bk2, kC, kK);
+                 p = t + tile_bytes<E>(kC, kC), k2 = p + tile_bytes<E>(kC, kC),
+                 tl = k2 + tile_bytes<E>(kK, kC), pl = tl + tile_bytes<E>(kC, kC);
+  place<MK>(sm, q, Bq, kK, kC);
+  place<MK>(sm, k, Bk, kK, kC);
+  place<MK>(sm, t, Bt, kC, kC);
+  place<MK>(sm, p, Bp, kC, kC);
+  place<MK>(sm, k2, Bk2, kC, kK);
+  if constexpr (X2) {
+    place<MK, true>(sm, tl, Bt, kC, kC);
+    place<MK, true>(sm, pl, Bp, kC, kC);
+  }
   wbmma::fence_async_smem();
   __syncthreads();
   const uint32_t sb = sa0 + pad;
@@ -162,28 +198,39 @@ wgmma_chunk(const float* Bq, const float* Bk, const float* Bt, const float* Bp, 
   auto fence_all = [&]() {
     fence_regs(s[0]), fence_regs(s[1]), fence_regs(o), fence_regs(x), fence_regs(nv);
   };
-  constexpr int SK = kK / (KIND == 0 ? 8 : 16), SC = kC / (KIND == 0 ? 8 : 16);  // k steps
+  constexpr int SK = kK / (MK == 0 ? 8 : 16), SC = kC / (MK == 0 ? 8 : 16);  // k steps
   uint32_t as[SK][4], ax[SC][4];
+  uint32_t asl[X2 ? SK : 1][4], axl[X2 ? SC : 1][4];  // the low halves (KIND 2)
   for (int c = 0; c < chunks; ++c) {
     // o = S Bq and x = S Bk, both from S's fragments
-    frags<KIND, 64>(s[0], as);
-    frags<KIND, 64>(s[1], as, SK / 2);
+    frags<MK, 64>(s[0], as);
+    frags<MK, 64>(s[1], as, SK / 2);
+    if constexpr (X2) frags_lo<64>(s[0], asl), frags_lo<64>(s[1], asl, SK / 2);
 #pragma unroll
     for (int i = 0; i < 32; ++i) o[i] = x[i] = 0.0f;
     fence_all();
     wbmma::wgmma_fence();
-    product<KIND, kK>(o, as, sb + q, kC, 0, false);
-    product<KIND, kK>(x, as, sb + k, kC, 0, false);
+    product<MK, kK>(o, as, sb + q, kC, 0, false);
+    product<MK, kK>(x, as, sb + k, kC, 0, false);
+    if constexpr (X2) {
+      product<MK, kK>(o, asl, sb + q, kC, 0, true);
+      product<MK, kK>(x, asl, sb + k, kC, 0, true);
+    }
     wbmma::wgmma_commit();
     wbmma::wgmma_wait<0>();
     fence_all();
     // nv = -x Bt
 #pragma unroll
     for (int i = 0; i < 32; ++i) x[i] = -x[i], nv[i] = 0.0f;
-    frags<KIND, kC>(x, ax);
+    frags<MK, kC>(x, ax);
+    if constexpr (X2) frags_lo<kC>(x, axl);
     fence_all();
     wbmma::wgmma_fence();
-    product<KIND, kC>(nv, ax, sb + t, kC, 0, false);
+    product<MK, kC>(nv, ax, sb + t, kC, 0, false);
+    if constexpr (X2) {
+      product<MK, kC>(nv, ax, sb + tl, kC, 0, true);
+      product<MK, kC>(nv, axl, sb + t, kC, 0, true);
+    }
     wbmma::wgmma_commit();
     wbmma::wgmma_wait<0>();
     fence_all();
@@ -192,12 +239,19 @@ wgmma_chunk(const float* Bq, const float* Bk, const float* Bt, const float* Bp, 
     for (int h = 0; h < 2; ++h)
 #pragma unroll
       for (int i = 0; i < 32; ++i) s[h][i] *= decay;
-    frags<KIND, kC>(nv, ax);
+    frags<MK, kC>(nv, ax);
+    if constexpr (X2) frags_lo<kC>(nv, axl);
     fence_all();
     wbmma::wgmma_fence();
-    product<KIND, kC>(o, ax, sb + p, kC, 0, true);
-    product<KIND, kC>(s[0], ax, sb + k2, kK, 0, true);
-    product<KIND, kC>(s[1], ax, sb + k2, kK, 64, true);
+    product<MK, kC>(o, ax, sb + p, kC, 0, true);
+    product<MK, kC>(s[0], ax, sb + k2, kK, 0, true);
+    product<MK, kC>(s[1], ax, sb + k2, kK, 64, true);
+    if constexpr (X2) {
+      product<MK, kC>(o, ax, sb + pl, kC, 0, true);
+      product<MK, kC>(o, axl, sb + p, kC, 0, true);
+      product<MK, kC>(s[0], axl, sb + k2, kK, 0, true);
+      product<MK, kC>(s[1], axl, sb + k2, kK, 64, true);
+    }
     wbmma::wgmma_commit();
     wbmma::wgmma_wait<0>();
     fence_all();
@@ -215,8 +269,7 @@ wgmma_chunk(const float* Bq, const float* Bk, const float* Bt, const float* Bp, 
 template <int KIND>
 int run(int blocks, const float* Bq, const float* Bk, const float* Bt, const float* Bp, const float* Bk2,
         const float* S0, float decay, int chunks, float* S_out, float* o_out, cudaStream_t s) {
-  constexpr int E = KIND == 0 ? 4 : 2;
-  const int bytes = 2 * tile_bytes<E>(kC, kK) + 2 * tile_bytes<E>(kC, kC) + tile_bytes<E>(kK, kC) + 1024;
+  const int bytes = tiles_bytes<KIND>() + 1024;
   cudaError_t e = cudaFuncSetAttribute(wgmma_chunk<KIND>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
   if (e != cudaSuccess) return (int)e;
   WB_LAUNCH(blocks, kThreads, bytes, s, wgmma_chunk<KIND>)(Bq, Bk, Bt, Bp, Bk2, S0, decay, chunks, S_out, o_out);
@@ -227,14 +280,16 @@ int run(int blocks, const float* Bq, const float* Bk, const float* Bt, const flo
 
 extern "C" {
 
-// kind 0 tf32, 1 bf16: `blocks` blocks of `chunks` chunk steps each (device pointers; see the
+// kind 0 tf32, 1 bf16, 2 bf16 in two halves: `blocks` blocks of `chunks` chunk steps each (device pointers; see the
 // kernel); a CUDA status (asynchronous on stream)
 int wgmma_chunk_run(int kind, int blocks, const float* Bq, const float* Bk, const float* Bt, const float* Bp,
                     const float* Bk2, const float* S0, float decay, int chunks, float* S_out, float* o_out,
                     void* stream) {
   auto s = static_cast<cudaStream_t>(stream);
-  return kind == 0 ? run<0>(blocks, Bq, Bk, Bt, Bp, Bk2, S0, decay, chunks, S_out, o_out, s)
-                   : run<1>(blocks, Bq, Bk, Bt, Bp, Bk2, S0, decay, chunks, S_out, o_out, s);
+  if (kind == 0) return run<0>(blocks, Bq, Bk, Bt, Bp, Bk2, S0, decay, chunks, S_out, o_out, s);
+  if (kind == 1) return run<1>(blocks, Bq, Bk, Bt, Bp, Bk2, S0, decay, chunks, S_out, o_out, s);
+  if (kind == 2) return run<2>(blocks, Bq, Bk, Bt, Bp, Bk2, S0, decay, chunks, S_out, o_out, s);
+  return -1;
 }
 
 }  // extern "C"
