@@ -89,6 +89,25 @@ __global__ void deadlock_kernel(int* out) {
   out[0] = 1;
 }
 
+// the wgmma model's asynchrony (one warpgroup, B = ones 8 x 8 tf32 at shared 0, A = ones): out[t]
+// is thread t's D register 0 read before the wait (the old value, 5) and out[128 + t] after it
+// (5 + 8); with never_wait the wgmma is issued and left, which fails the launch
+__global__ void wgmma_async_kernel(float* out, int never_wait) {
+  WB_DYNAMIC_SMEM(float, sm);
+  const int t = threadIdx.x;
+  for (int i = t; i < 64; i += 128) sm[i] = 1.0f;
+  __syncthreads();
+  float d[4] = {5.0f, 5.0f, 5.0f, 5.0f};
+  const uint32_t a[4] = {__float_as_uint(1.0f), __float_as_uint(1.0f), __float_as_uint(1.0f), __float_as_uint(1.0f)};
+  wbmma::wgmma_fence();
+  wbmma::wgmma_tf32<8>(d, a, wbmma::smem_desc(wbmma::smem_u32(sm), 128, 256, 0), true);
+  wbmma::wgmma_commit();
+  out[t] = d[0];
+  if (never_wait) return;
+  wbmma::wgmma_wait<0>();
+  out[128 + t] = d[0];
+}
+
 }  // namespace
 
 extern "C" {
@@ -134,6 +153,11 @@ int emu_wgmma(int n, int kind, const uint32_t* image, int words, int start, int 
         image, words, start, lbo, sbo, swizzle, A, C, D, scale_d);
     return (int)cudaGetLastError();
   });
+}
+// the wgmma model's asynchrony (wgmma_async_kernel); status
+int emu_wgmma_async(float* out, int never_wait) {
+  WB_LAUNCH(1, 128, 1024, nullptr, wgmma_async_kernel)(out, never_wait);
+  return cudaGetLastError();
 }
 const char* emu_last_failure(void) { return wbemu::last_failure().c_str(); }
 }

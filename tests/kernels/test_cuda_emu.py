@@ -369,6 +369,18 @@ def test_wgmma_model_reads_the_ptx_layouts(lib, layout):
     np.testing.assert_array_equal(_wg_run(emu, layout, A, B, C), want)
 
 
+def test_wgmma_model_is_asynchronous(lib):
+    """As on the GPU, a wgmma's accumulators change at the wgmma.wait_group that covers it: read
+    before it they hold their old values (a kernel that reads them early shows it); a wgmma issued
+    and never waited for fails the launch, naming why."""
+    lib.emu_wgmma_async.restype = ctypes.c_int
+    out = np.full(256, np.nan, np.float32)
+    assert lib.emu_wgmma_async(ptr(out), 0) == 0
+    assert np.all(out[:128] == 5.0) and np.all(out[128:] == 13.0)
+    assert lib.emu_wgmma_async(ptr(out), 1) == 719
+    assert b"never waited" in lib.emu_last_failure()
+
+
 def test_wgmma_probe_builds_for_sm90a():
     """The GPU probe's wgmma (mma_ops.h's wrappers for N = 8..64, tf32 and bf16) is valid PTX for
     sm_90a: nvcc builds it here (without a GPU)."""
