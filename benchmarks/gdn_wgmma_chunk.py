@@ -30,7 +30,7 @@ C, K, V = 64, 128, 128
 
 
 def load():
-    lib = _native.load("gdn_wgmma_chunk", ["gdn/gdn_wgmma_chunk.cu"], kind="cuda", headers=["common/mma_ops.h"])
+    lib = _native.load("gdn_wgmma_chunk", ["gdn/gdn_wgmma_chunk.cu"], kind="cuda", headers=["common/mma_ops.h", "common/wgmma_tiles.h"])
     lib.wgmma_chunk_run.restype = ctypes.c_int
     lib.wgmma_chunk_run.argtypes = [ctypes.c_int, ctypes.c_int] + [ctypes.c_void_p] * 6 + [
         ctypes.c_float, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]

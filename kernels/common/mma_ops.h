@@ -94,29 +94,41 @@ __device__ __forceinline__ uint64_t smem_desc(uint32_t saddr, uint32_t lbo, uint
          ((uint64_t)((sbo >> 4) & 0x3fff) << 32) | (mode << 62);
 }
 
+// The wgmma PTX exists for sm_90a only (its arch-specific features): built for another target
+// (WORKBENCH_CUDA_ARCH), the wrappers trap if reached, so the files that hold them still build.
+#if defined(WB_CUDA_EMU) || !defined(__CUDA_ARCH__) || defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define WB_WGMMA_PTX 1
+#else
+#define WB_WGMMA_PTX 0
+#endif
+
 __device__ __forceinline__ void fence_async_smem() {
-#ifndef WB_CUDA_EMU
+#if !defined(WB_CUDA_EMU) && WB_WGMMA_PTX
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 #endif
 }
 __device__ __forceinline__ void wgmma_fence() {
-#ifndef WB_CUDA_EMU
+#if !defined(WB_CUDA_EMU) && WB_WGMMA_PTX
   asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 #endif
 }
 __device__ __forceinline__ void wgmma_commit() {
 #ifdef WB_CUDA_EMU
   wbemu::wgmma_commit();
-#else
+#elif WB_WGMMA_PTX
   asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+#else
+  __trap();
 #endif
 }
 template <int n>
 __device__ __forceinline__ void wgmma_wait() {
 #ifdef WB_CUDA_EMU
   wbemu::wgmma_wait(n);
-#else
+#elif WB_WGMMA_PTX
   asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(n) : "memory");
+#else
+  __trap();
 #endif
 }
 
@@ -129,6 +141,8 @@ __device__ __forceinline__ void wgmma_tf32(float (&d)[N / 2], const uint32_t (&a
   static_assert(N == 8 || N == 16 || N == 32 || N == 64, "wgmma_tf32: N of 8, 16, 32 or 64");
 #ifdef WB_CUDA_EMU
   wbemu::wgmma_issue<N>(d, a, desc, scale_d, 0);
+#elif !WB_WGMMA_PTX
+  __trap();
 #else
   if constexpr (N == 8) {
     asm volatile(
@@ -175,6 +189,8 @@ __device__ __forceinline__ void wgmma_bf16(float (&d)[N / 2], const uint32_t (&a
   static_assert(N == 8 || N == 16 || N == 32 || N == 64, "wgmma_bf16: N of 8, 16, 32 or 64");
 #ifdef WB_CUDA_EMU
   wbemu::wgmma_issue<N>(d, a, desc, scale_d, 1);
+#elif !WB_WGMMA_PTX
+  __trap();
 #else
   if constexpr (N == 8) {
     asm volatile(

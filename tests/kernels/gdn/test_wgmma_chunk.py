@@ -53,7 +53,7 @@ def test_reference_chain_is_the_products_in_order():
 def _emu_run(kind, ops, decay=0.5, chunks=3):
     import ctypes
     lib = _native.load("gdn_wgmma_chunk_emu", ["gdn/gdn_wgmma_chunk_emu.cpp"], kind="cpu",
-                       headers=["gdn/gdn_wgmma_chunk.cu", "common/mma_ops.h", "common/cuda_emu.h"])
+                       headers=["gdn/gdn_wgmma_chunk.cu", "common/mma_ops.h", "common/cuda_emu.h", "common/wgmma_tiles.h"])
     lib.wgmma_chunk_run.restype = ctypes.c_int
     lib.wgmma_chunk_run.argtypes = [ctypes.c_int, ctypes.c_int] + [ctypes.c_void_p] * 6 + [
         ctypes.c_float, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
