@@ -90,4 +90,13 @@ __device__ __forceinline__ void frags_lo(const float (&src)[NR], uint32_t (&a)[S
   for (int j = 0; j < KC / 16; ++j) a_frag_lo(src, j, a[j0 + j]);
 }
 
+// d (64 x 64) (+)= A (64 x KC, fragments a) B (tile at sa, N rows, columns n0..n0+63); acc false:
+// d's old values are not read (zeroed here, so that they are not live before the product)
+template <int KIND, int KC, int ST>
+__device__ __forceinline__ void product(float (&d)[32], const uint32_t (&a)[ST][4], uint32_t sa, int N, int n0,
+                                        bool acc) {
+#pragma unroll
+  for (int j = 0; j < KC / (KIND == 0 ? 8 : 16); ++j) mma64<KIND>(d, a[j], b_desc(sa, j, N, n0), acc || j > 0);
+}
+
 }  // namespace wbtile

@@ -110,6 +110,7 @@ PdlLaunch<P...> pdl_launch(void (*k)(P...), dim3 g, dim3 b, size_t m, cudaStream
 #include <type_traits>
 
 #include "common/mma_ops.h"
+#include "common/wgmma_tiles.h"
 #include "gdn/gdn_abi.h"
 #include "gdn/gdn_common.h"
 #include "gdn/gdn_mma.h"
@@ -1276,6 +1277,157 @@ mma_pass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restric
     }
 }
 
+// ----------------------------------------------------------------- the wgmma pass (K = V = 128)
+//
+// WORKBENCH_GDN_MMA_PASS=wgmma (forced only; K = V = 128 with bf16 q, k, v, else the shared-memory
+// pass): the first step of the fused kernel (docs/kernels/gdn.md, next steps (3)). A block of two
+// warpgroups per (sequence, value head) holds the state transposed, S^T [V, K], 64 value rows a
+// warpgroup, in wgmma accumulators for the whole sequence, and reads prepare's workspace as the
+// other passes do. Per chunk, on bf16 operands in two halves (hi = bf16(x), lo = bf16(x - hi))
+// where they are not bf16 already (the accuracy model's `fused-x2s`): X = S^T K^T and
+// Y = S^T Q^T (S^T's halves against the chunk's keys and queries as given); on the accumulators'
+// columns (positions c) R^T = beta_c (V^T - ek_c X) and Y *= eq_c; U^T = R^T Tinv^T and
+// Y += R^T PT^T (Tinv and PT, tf32 values, split exactly into two bf16 halves); o = scale Y;
+// S^T = el S^T + (U^T diag(d)) K (the keys transposed in shared memory). Twelve bf16 products a
+// chunk. Its loads are synchronous (every thread, between two block barriers): a first version,
+// to be timed and checked before the loads move to a warpgroup of their own.
+namespace wgp {
+constexpr int SVS = 128 + 8;  // V's row stride (elements)
+constexpr int Kt = 0, Qt = Kt + 16384, KT = Qt + 16384, Th = KT + 16384, Tl = Th + 8192, Ph = Tl + 8192,
+              Pl = Ph + 8192, Vs = Pl + 8192, F = Vs + kC * SVS * 2, bytes = F + kFacRows * kC * 4;
+}  // namespace wgp
+
+template <typename QT>
+__global__ void __launch_bounds__(256, 1)
+mma_wgpass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restrict__ v,
+           const float* __restrict__ tinv, const float* h0, float* state, void* __restrict__ o,
+           int T, int H, int HV, int V, float scale, int odt, int NC, const Packed pk) {
+  static_assert(sizeof(QT) == 2, "16-bit q, k, v");
+  using namespace wbtile;
+  constexpr int K = 128;
+  WB_DYNAMIC_SMEM(float4, smem4);
+  uint8_t* raw = reinterpret_cast<uint8_t*>(smem4);
+  const uint32_t sa0 = wbmma::smem_u32(raw), pad = (1024 - sa0 % 1024) % 1024, sb = sa0 + pad;
+  uint8_t* sm = raw + pad;
+  const SeqAt sq = pass_seq(pk, blockIdx.x, HV, T, NC);
+  const int b = sq.b, hv = blockIdx.x % HV, h = hv / (HV / H), tend = sq.first + sq.len;
+  const int tid = threadIdx.x, wg = tid / 128, w = (tid % 128) / 32, g = (tid % 32) / 4, tq = tid % 4;
+  // accumulator register i: the value row (the state's v, o's column) and the column (k, or c)
+  auto vrow = [&](int i) { return 64 * wg + 16 * w + g + 8 * ((i / 2) % 2); };
+  auto ccol = [&](int i) { return 8 * (i / 4) + 2 * tq + i % 2; };
+  const long at = gdn::state_index(sq.sb, hv, HV, K, V);
+  float s[2][32];
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+    for (int i = 0; i < 32; ++i) s[hh][i] = h0 ? h0[at + (long)(64 * hh + ccol(i)) * V + vrow(i)] : 0.0f;
+  wait_for_primary();  // prepare's workspace complete (a dependent launch; else nothing)
+  float x[32], y[32], u[32];
+  uint32_t sh[8][4], sl[8][4], ah[4][4], al[4][4];
+  auto fence_all = [&]() { fence_regs(s[0]), fence_regs(s[1]), fence_regs(x), fence_regs(y), fence_regs(u); };
+  const float* fac = reinterpret_cast<const float*>(sm + wgp::F);
+  const QT* Vs = reinterpret_cast<const QT*>(sm + wgp::Vs);
+  for (int n = 0; n < sq.nc; ++n) {
+    const int t0 = sq.first + n * kC, L = gdn::imin(kC, tend - t0);
+    const float* ws = tinv + (sq.crow + n) * kChunkWs;
+    __syncthreads();  // the previous chunk's tiles are read
+    // keys and queries (K-major tiles: row c, 16-byte pieces of k), the keys transposed, V
+    for (int i = tid; i < kC * 16; i += 256) {
+      const int c = i / 16, j = i % 16;
+      uint4 kk = make_uint4(0, 0, 0, 0), qq = kk, vv = kk;
+      if (c < L) {
+        kk = *reinterpret_cast<const uint4*>(k + gdn::qk_index(b, t0 + c, h, T, H, K) + 8 * j);
+        qq = *reinterpret_cast<const uint4*>(q + gdn::qk_index(b, t0 + c, h, T, H, K) + 8 * j);
+        vv = *reinterpret_cast<const uint4*>(v + gdn::v_index(b, t0 + c, hv, T, HV, V) + 8 * j);
+      }
+      *reinterpret_cast<uint4*>(sm + wgp::Kt + b_offset<2>(8 * j, c, kC)) = kk;
+      *reinterpret_cast<uint4*>(sm + wgp::Qt + b_offset<2>(8 * j, c, kC)) = qq;
+      *reinterpret_cast<uint4*>(sm + wgp::Vs + 2 * (c * wgp::SVS + 8 * j)) = vv;
+      uint16_t ke[8];
+      memcpy(ke, &kk, 16);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) *reinterpret_cast<uint16_t*>(sm + wgp::KT + b_offset<2>(c, 8 * j + e, K)) = ke[e];
+    }
+    // Tinv and PT (tf32 values) split into bf16 halves, K-major (row: the output position)
+    for (int i = tid; i < 2 * kC * kC; i += 256) {
+      const int m = i / (kC * kC), r = (i / kC) % kC, ci = i % kC;
+      const float xv = ws[i];
+      const __nv_bfloat16 hi = __float2bfloat16_rn(xv), lo = __float2bfloat16_rn(xv - __bfloat162float(hi));
+      const uint32_t off = b_offset<2>(ci, r, kC);
+      *reinterpret_cast<__nv_bfloat16*>(sm + (m ? wgp::Ph : wgp::Th) + off) = hi;
+      *reinterpret_cast<__nv_bfloat16*>(sm + (m ? wgp::Pl : wgp::Tl) + off) = lo;
+    }
+    for (int i = tid; i < kFacRows * kC; i += 256) reinterpret_cast<float*>(sm + wgp::F)[i] = ws[kFac + i];
+    wbmma::fence_async_smem();
+    __syncthreads();
+    const float *fek = fac, *feq = fac + kC, *fbt = fac + 2 * kC, *fd = fac + 3 * kC;
+    // X = S^T K^T, Y = S^T Q^T
+    frags<1, 64>(s[0], sh), frags<1, 64>(s[1], sh, 4);
+    frags_lo<64>(s[0], sl), frags_lo<64>(s[1], sl, 4);
+#pragma unroll
+    for (int i = 0; i < 32; ++i) x[i] = y[i] = 0.0f;
+    fence_all();
+    wbmma::wgmma_fence();
+    product<1, K>(x, sh, sb + wgp::Kt, kC, 0, false);
+    product<1, K>(x, sl, sb + wgp::Kt, kC, 0, true);
+    product<1, K>(y, sh, sb + wgp::Qt, kC, 0, false);
+    product<1, K>(y, sl, sb + wgp::Qt, kC, 0, true);
+    wbmma::wgmma_commit();
+    wbmma::wgmma_wait<0>();
+    fence_all();
+    // R^T = beta (V^T - ek X) into x; Y *= eq
+#pragma unroll
+    for (int i = 0; i < 32; ++i) {
+      const int c = ccol(i);
+      x[i] = fbt[c] * (to_f(Vs[c * wgp::SVS + vrow(i)]) - fek[c] * x[i]);
+      y[i] *= feq[c];
+      u[i] = 0.0f;
+    }
+    frags<1, kC>(x, ah);
+    frags_lo<kC>(x, al);
+    fence_all();
+    wbmma::wgmma_fence();
+    product<1, kC>(u, ah, sb + wgp::Th, kC, 0, false);
+    product<1, kC>(u, ah, sb + wgp::Tl, kC, 0, true);
+    product<1, kC>(u, al, sb + wgp::Th, kC, 0, true);
+    product<1, kC>(y, ah, sb + wgp::Ph, kC, 0, true);
+    product<1, kC>(y, ah, sb + wgp::Pl, kC, 0, true);
+    product<1, kC>(y, al, sb + wgp::Ph, kC, 0, true);
+    wbmma::wgmma_commit();
+    wbmma::wgmma_wait<0>();
+    fence_all();
+    // o = scale Y (positions c < L)
+    with_out_type(o, odt, [&](auto* op) {
+#pragma unroll
+      for (int i = 0; i < 32; ++i)
+        if (ccol(i) < L) put(op + gdn::v_index(b, t0 + ccol(i), hv, T, HV, V) + vrow(i), scale * y[i]);
+    });
+    // S^T = el S^T + (U^T diag(d)) K
+    const float el = fac[4 * kC];
+#pragma unroll
+    for (int i = 0; i < 32; ++i) u[i] *= fd[ccol(i)];
+    frags<1, kC>(u, ah);
+    frags_lo<kC>(u, al);
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+      for (int i = 0; i < 32; ++i) s[hh][i] *= el;
+    fence_all();
+    wbmma::wgmma_fence();
+    product<1, kC>(s[0], ah, sb + wgp::KT, K, 0, true);
+    product<1, kC>(s[1], ah, sb + wgp::KT, K, 64, true);
+    product<1, kC>(s[0], al, sb + wgp::KT, K, 0, true);
+    product<1, kC>(s[1], al, sb + wgp::KT, K, 64, true);
+    wbmma::wgmma_commit();
+    wbmma::wgmma_wait<0>();
+    fence_all();
+  }
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+    for (int i = 0; i < 32; ++i) state[at + (long)(64 * hh + ccol(i)) * V + vrow(i)] = s[hh][i];
+}
+
 // ------------------------------------------------------------------- the warp-resident pass
 
 // One stage of the warp-resident pass (two, alternating): a chunk's keys and queries (QT, as
@@ -1794,6 +1946,8 @@ int sm_count() {
 // q, k, v: 2, for shared memory); the fewest waves of blocks over the SMs, then the fewest warps
 // a block (more SMs at work, each warp its own scheduler). The arithmetic of a warp does not
 // depend on it.
+// WORKBENCH_GDN_MMA_PASS=wgmma the wgmma pass (K = V = 128 with bf16 q, k, v; elsewhere the
+// shared-memory pass), in no rule yet.
 // WORKBENCH_GDN_MMA_PASS=warp|smem|smem16 forces a pass (tests, benchmarks) and =pair the
 // warp-pair pass (16-bit inputs; float32 ones take the warp-resident pass), which is in no rule:
 // at best 3% faster than the warp-resident pass (a mixed packed batch), slower on the other
@@ -1808,7 +1962,7 @@ int copy_producers() {
   return e && !strcmp(e, "producer") ? 1 : 2;
 }
 
-constexpr int kPair = 64;
+constexpr int kPair = 64, kWg = 128;
 // The block of the fewest waves over the SMs, then the fewest warps: warps 2, 4, .. wmax a block,
 // 16 value columns each warp (pair = false) or each two warps (pair = true).
 int fewest_waves(int BH, int V, int sms, int wmax, bool pair) {
@@ -1830,6 +1984,7 @@ int pass_plan(int BH, int V, bool f32, int sms) {
   if (forced("smem16")) return 1;
   if (forced("warp")) return warp;
   if (forced("pair")) return f32 ? warp : kPair | fewest_waves(BH, V, sms, 8, true);
+  if (forced("wgmma")) return kWg;  // where it applies (launch_chunks), else the shared-memory pass
   if (2L * BH * (V / 16) >= 5L * sms) return warp;
   return !f32 && 2L * BH * (V / 32) <= sms ? 1 : 0;
 }
@@ -1867,6 +2022,18 @@ cudaError_t launch_ppass(const GdnArgs* a, const float* h0, float* state, int se
         static_cast<const QT*>(a->q), static_cast<const QT*>(a->k), static_cast<const QT*>(a->v),
         a->tinv, h0, state, a->o, a->T, a->H, a->HV, a->V, a->scale, a->o_dtype, NC, pk);
   }
+}
+
+template <typename QT>
+cudaError_t launch_wgpass(const GdnArgs* a, const float* h0, float* state, int seqs, int NC,
+                          const Packed& pk, cudaStream_t s, bool pdl) {
+  constexpr size_t bytes = wgp::bytes + 1024;  // and the 1024-byte alignment of the swizzled tiles
+  static_assert(bytes <= 227 * 1024, "the wgmma pass's shared memory");
+  cudaError_t err = allow_smem(mma_wgpass<QT>, bytes);
+  if (err != cudaSuccess) return err;
+  return WB_LAUNCH_PDL(dim3(seqs * a->HV), 256, bytes, s, pdl, mma_wgpass<QT>)(
+      static_cast<const QT*>(a->q), static_cast<const QT*>(a->k), static_cast<const QT*>(a->v),
+      a->tinv, h0, state, a->o, a->T, a->H, a->HV, a->V, a->scale, a->o_dtype, NC, pk);
 }
 
 template <int K, typename QT, int BV>
@@ -1927,6 +2094,11 @@ cudaError_t launch_chunks(const GdnArgs* a, const float* h0, float* state, int s
   // ordinary launch); WORKBENCH_GDN_MMA_PDL=off: an ordinary launch (A/Bs)
   const char* pd = getenv("WORKBENCH_GDN_MMA_PDL");
   const bool pdl = chunks > 0 && !(pd && !strcmp(pd, "off"));
+  if (nw == kWg) {
+    if constexpr (K == 128 && std::is_same<QT, __nv_bfloat16>::value)
+      if (V == 128) return launch_wgpass<QT>(a, h0, state, seqs, NC, pk, s, pdl);
+    return launch_pass<K, QT, 32>(a, h0, state, seqs, NC, pk, s, pdl);
+  }
   if (nw == 0) return launch_pass<K, QT, 32>(a, h0, state, seqs, NC, pk, s, pdl);
   if (nw == 1) return launch_pass<K, QT, 16>(a, h0, state, seqs, NC, pk, s, pdl);
   if (nw & kPair)
@@ -2014,8 +2186,8 @@ int gdn_chunked_mma_supported(int K, int V) { return gdn_chunked_mma_supported_i
 
 // The pass the mma path takes for B * HV = BH and V on a GPU of sms SMs (f32: float32 q, k, v):
 // 0 for the shared-memory pass, 1 for its 16-column blocks (smem16), 64 (kPair) | the warps
-// a block of the warp-pair pass (2, 4 or 8; forced only), else the warp-resident pass's warps a
-// block (2, 4 or 8); honours
+// a block of the warp-pair pass (2, 4 or 8; forced only), 128 (kWg) the wgmma pass (forced only;
+// where it applies), else the warp-resident pass's warps a block (2, 4 or 8); honours
 // WORKBENCH_GDN_MMA_PASS as the launcher does. Host code only: callable without a GPU. A packed
 // batch's launch has BH = HV times its sequences (up to 128 a launch, empty ones included).
 int gdn_mma_pass_plan(int BH, int V, int f32, int sms) {

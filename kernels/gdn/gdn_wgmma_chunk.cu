@@ -61,14 +61,6 @@ __device__ void place(uint8_t* sm, uint32_t base, const float* B, int KC, int N)
 }
 
 
-// d (64 x 64) (+)= A (64 x KC, fragments a) B (tile at sa, N rows, columns n0..n0+63); acc false:
-// d's old values are not read (zeroed here, so that they are not live before the product)
-template <int KIND, int KC, int ST>
-__device__ __forceinline__ void product(float (&d)[32], const uint32_t (&a)[ST][4], uint32_t sa, int N, int n0,
-                                        bool acc) {
-#pragma unroll
-  for (int j = 0; j < KC / (KIND == 0 ? 8 : 16); ++j) mma64<KIND>(d, a[j], b_desc(sa, j, N, n0), acc || j > 0);
-}
 
 // tiles: Bq (K x C: 64 rows of n, 128 of k), Bk (same), Bt (C x C), Bp (C x C), Bk2 (C x K: 128
 // rows of n, 64 of k); block b runs `chunks` steps from S0's rows of its own (the same for all

@@ -347,8 +347,11 @@ def test_emulation_catches_mutants(tmp_path, monkeypatch):
             assert not torch.isfinite(o.float()).all() or workbench.compare(ro, o).rel_l2 > 1e-2, (p, copy)
 
 
+GPU_PASSES = PASSES + ["wgmma"]
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("mma_pass", PASSES)
+@pytest.mark.parametrize("mma_pass", GPU_PASSES)
 def test_emulation_matches_the_gpu(mma_pass, monkeypatch):
     """The emulation against the kernels on the GPU, the same pass forced: equal to float32
     rounding (the tensor cores' sums and the device's expf round otherwise)."""
@@ -362,7 +365,7 @@ def test_emulation_matches_the_gpu(mma_pass, monkeypatch):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("mma_pass", PASSES)
+@pytest.mark.parametrize("mma_pass", GPU_PASSES)
 def test_gpu_dependent_launch(mma_pass, monkeypatch):
     """On the GPU, the pass launched to start beside prepare's last blocks (the default:
     programmatic dependent launch, its copying threads waiting for prepare's end) gives the bits
@@ -463,3 +466,47 @@ def test_pass_ab_variant_settings():
     assert ab._settings("X", both) == {"WORKBENCH_GDN_MMA_PDL": "wait", "WORKBENCH_GDN_MMA_COPY": "warps"}
     with pytest.raises(SystemExit, match="PATH"):
         ab._settings("X", "PATH=/tmp")
+
+
+# ------------------------------------------------------------ the wgmma pass (forced only)
+
+def test_emulated_wgmma_pass_against_oracle(monkeypatch):
+    """The wgmma pass (WORKBENCH_GDN_MMA_PASS=wgmma: the state transposed in two warpgroups'
+    accumulators, bf16 operands in two halves) under the emulation's wgmma model: closer to the
+    oracle than the shared-memory pass (float32 o 2.7e-4 against 3.4e-4, the state 1.2e-5 against
+    3.0e-4 when written), an initial state and the norms in the kernel, a partial last chunk."""
+    x = make_inputs(1, 150, 2, 2, 128, 128, dtype=torch.bfloat16, state=True, seed=11)
+    ro, rs = oracle.chunked(**x, qk_l2norm=True)
+    o, s = run(x, "wgmma", monkeypatch, output_dtype=torch.float32)
+    assert mma_emu.pass_of(1, 2, 128, torch.bfloat16) == "wgmma"
+    so, ss = run(x, "smem", monkeypatch, output_dtype=torch.float32)
+    eo, es = workbench.compare(ro, o).rel_l2, workbench.compare(rs, s).rel_l2
+    assert eo <= 5e-4 and es <= 5e-5, (eo, es)
+    assert eo < workbench.compare(ro, so).rel_l2 and es < workbench.compare(rs, ss).rel_l2 / 5
+    ob, sb = run(x, "wgmma", monkeypatch)  # o in bf16, as the inputs
+    assert ob.dtype == torch.bfloat16 and torch.equal(sb, s) and torch.equal(ob, o.bfloat16())
+
+
+def test_emulated_wgmma_pass_packed_is_sequences_alone(monkeypatch):
+    """A packed batch with an empty and a one-token sequence through the wgmma pass: each
+    sequence's o and state the bits of the sequence alone; the empty one keeps its state."""
+    x = packed_inputs([70, 0, 1, 129], H=1, HV=2, K=128, V=128, dtype=torch.bfloat16, seed=61)
+    cu = x["cu_seqlens"]
+    o, s = run(x, "wgmma", monkeypatch, output_dtype=torch.float32)
+    assert torch.equal(s[1], x["initial_state"][1].float())
+    for i in (0, 2, 3):
+        a, e = cu[i], cu[i + 1]
+        one = {n: t[:, a:e] for n, t in x.items() if n in ("q", "k", "v", "g", "beta")}
+        oi, si = run({**one, "initial_state": x["initial_state"][i:i + 1]}, "wgmma", monkeypatch,
+                     output_dtype=torch.float32)
+        assert torch.equal(oi, o[:, a:e]) and torch.equal(si, s[i:i + 1]), i
+
+
+@pytest.mark.parametrize("K,V,dtype", [(64, 64, torch.bfloat16), (128, 128, torch.float16)],
+                         ids=["K64", "fp16"])
+def test_emulated_wgmma_pass_elsewhere_is_the_smem_pass(K, V, dtype, monkeypatch):
+    """Forced where it does not apply (K or V not 128, q, k, v not bf16), the launcher runs the
+    shared-memory pass: the same bits."""
+    x = make_inputs(1, 70, 1, 2, K, V, dtype=dtype, state=True, seed=5)
+    a, b = run(x, "wgmma", monkeypatch), run(x, "smem", monkeypatch)
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])

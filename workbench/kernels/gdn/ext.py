@@ -58,7 +58,7 @@ __all__ = ["recurrent", "chunked", "is_available",
            "library"]
 
 HEADERS = ["gdn/gdn_common.h", "gdn/gdn_mma.h", "gdn/gdn_abi.h", "common/wb_abi.h", "common/wb_elem.h",
-           "common/mma_ops.h"]
+           "common/mma_ops.h", "common/wgmma_tiles.h"]
 SOURCES = {"cpu": ["gdn/gdn_cpu.cpp"], "cuda": ["gdn/gdn_cuda.cu", "gdn/gdn_mma.cu"]}
 CUDA_K = (16, 32, 64, 128, 256)
 MMA_K = (64, 128)
@@ -151,7 +151,8 @@ def mma_pass(B: int, HV: int, V: int, dtype: torch.dtype, sms: int | None = None
     q, k, v in ``dtype``: ``"smem"`` (the shared-memory pass), ``"smem16"`` (the same at 16 value
     columns a block, bit for bit: with 16-bit inputs where 32-column blocks would fill at most
     half the SMs), ``"warpN"`` (the warp-resident pass, N warps a block) or
-    ``"pairN"`` (the warp-pair pass, N warps a block, two a 16-column group; only when forced), on
+    ``"pairN"`` (the warp-pair pass, N warps a block, two a 16-column group; only when forced),
+    ``"wgmma"`` (the wgmma pass; only when forced), on
     a GPU of ``sms`` SMs (None: the current CUDA device's). The
     launcher's own rule (``kernels/gdn/gdn_mma.cu``, ``WORKBENCH_GDN_MMA_PASS`` included), asked
     of the CUDA build; needs nvcc, not a GPU, when ``sms`` is given."""
@@ -164,7 +165,10 @@ def mma_pass(B: int, HV: int, V: int, dtype: torch.dtype, sms: int | None = None
 
 def pass_name(code: int) -> str:
     """The name of a pass code of gdn_mma_pass_plan: 0 "smem", 1 "smem16", kPair (64) | N "pairN",
-    else "warpN" (N warps a block)."""
+    kWg (128) "wgmma" (forced only; it runs where K = V = 128 with bf16 q, k, v, the shared-memory
+    pass elsewhere), else "warpN" (N warps a block)."""
+    if code == 128:
+        return "wgmma"
     if code & 64:
         return f"pair{code & 63}"
     return {0: "smem", 1: "smem16"}.get(code, f"warp{code}")
