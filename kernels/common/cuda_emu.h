@@ -172,7 +172,8 @@ struct Copy {
 
 // One thread's part of a wgmma.mma_async: its accumulator registers (performed at the wait, so
 // the registers change there: a read before the wait sees the old values), its A fragment (read
-// at issue) and the B descriptor; kind 0 tf32 (m64nNk8), 1 bf16 (m64nNk16).
+// at issue) and the B descriptor; kind 0 tf32 (m64nNk8), 1 bf16 (m64nNk16), 2 bf16 with B
+// MN-major (the transpose flag).
 struct WgOp {
   float* d;
   int n, kind;
@@ -533,6 +534,11 @@ inline void cp_async_wait(int n) {
 //   bits 7.. (as many bits as W / 16 - 1 has): addr ^= ((addr >> 7) & (W / 16 - 1)) << 4. The
 //   address is the shared-memory one (here: from the block's dynamic shared memory's start, which
 //   stands for a 1024-byte aligned base).
+//   bf16 with the transpose flag (kind 2): B MN-major, n contiguous, per the ISA's MN-major
+//   canonical layouts: without swizzle a core matrix is 8 rows of k, each 16 bytes of n, the next
+//   16 bytes of n SBO away and the next 8 rows of k LBO away; with a W-byte swizzle a row of k is W
+//   bytes of n, W-byte atoms of n LBO apart, groups of 8 rows of k SBO apart, the same XOR. (Not
+//   yet checked against the tensor cores: its GPU probe layouts are in test_cuda_emu.py.)
 //   A's fragment (per warp w of the warpgroup, rows 16 w .. 16 w + 15) is mma.sync's m16n8k8 tf32
 //   (m16n8k16 bf16) A fragment; D's: register i of lane (g, t) of warp w is row
 //   16 w + g + 8 ((i / 2) % 2), column 8 (i / 4) + 2 t + i % 2.
@@ -552,20 +558,30 @@ inline uint32_t smem_offset(const void* p) {
   return (uint32_t)(q - base);
 }
 
-// B's element (k, n) through descriptor desc, e bytes an element (4 tf32, 2 bf16), as float
-inline float wg_b(uint64_t desc, int e, int k, int n) {
+// B's element (k, n) through descriptor desc, e bytes an element (4 tf32, 2 bf16), as float; mn:
+// B MN-major (bf16's transpose flag), else K-major
+inline float wg_b(uint64_t desc, int e, int k, int n, bool mn = false) {
   Block* b = cur();
   const uint32_t start = (uint32_t)(desc & 0x3fff) << 4, lbo = (uint32_t)((desc >> 16) & 0x3fff) << 4,
                  sbo = (uint32_t)((desc >> 32) & 0x3fff) << 4;
   const int mode = (int)(desc >> 62), per = 16 / e;
   const int W = mode == 1 ? 128 : mode == 2 ? 64 : mode == 3 ? 32 : 0;
-  uint32_t addr = start + (uint32_t)(n / 8) * sbo + (uint32_t)(k % per) * e;
-  if (W == 0) {
-    addr += (uint32_t)(n % 8) * 16 + (uint32_t)(k / per) * lbo;
-  } else {
-    addr += (uint32_t)(n % 8) * W + (uint32_t)(k / per) * 16;
-    addr ^= ((addr >> 7) & (uint32_t)(W / 16 - 1)) << 4;
+  uint32_t addr = start;
+  if (!mn) {
+    addr += (uint32_t)(n / 8) * sbo + (uint32_t)(k % per) * e;
+    if (W == 0) addr += (uint32_t)(n % 8) * 16 + (uint32_t)(k / per) * lbo;
+    else addr += (uint32_t)(n % 8) * W + (uint32_t)(k / per) * 16;
+  } else {  // n contiguous: 16-byte pieces of n; rows k, in groups of 8
+    addr += (uint32_t)(n % per) * e;
+    if (W == 0) {  // core matrix: 8 rows k of 16 bytes; pieces of n SBO apart, groups of k LBO
+      addr += (uint32_t)(k % 8) * 16 + (uint32_t)(n / per) * sbo + (uint32_t)(k / 8) * lbo;
+    } else {  // a row k is W bytes of n (W / 16 pieces); W-byte atoms of n LBO apart, groups of k SBO
+      const int pieces = W / 16;
+      addr += (uint32_t)((n / per) % pieces) * 16 + (uint32_t)(n / (per * pieces)) * lbo +
+              (uint32_t)(k % 8) * W + (uint32_t)(k / 8) * sbo;
+    }
   }
+  if (W != 0) addr ^= ((addr >> 7) & (uint32_t)(W / 16 - 1)) << 4;
   if (addr + e > b->smem.size() * sizeof(float4))
     fail(b, "wgmma: a B element's address past the block's dynamic shared memory");
   const char* p = reinterpret_cast<const char*>(b->smem.data()) + addr;
@@ -614,6 +630,7 @@ inline void wgmma_wait(int n) {
       return g.wg_ops[i];
     };
     const int e = op.kind == 0 ? 4 : 2, KD = op.kind == 0 ? 8 : 16;
+    const bool mn = op.kind == 2;  // bf16 with B MN-major
     // A (m, k) from the fragment of the lane that holds it
     auto A = [&](int m, int k) {
       const int w = m / 16, r = m % 16, g = r % 8;
@@ -628,7 +645,7 @@ inline void wgmma_wait(int n) {
     for (int r = 0; r < op.n / 2; ++r) {
       const int m = 16 * w + g + 8 * ((r / 2) % 2), col = 8 * (r / 4) + 2 * tq + r % 2;
       float acc = op.scale_d ? op.d[r] : 0.0f;
-      for (int k = 0; k < KD; ++k) acc += A(m, k) * wg_b(op.desc, e, k, col);
+      for (int k = 0; k < KD; ++k) acc += A(m, k) * wg_b(op.desc, e, k, col, mn);
       op.d[r] = acc;
     }
   }

@@ -57,7 +57,8 @@ int probe_mma16(const uint16_t* A, const uint16_t* B, const float* C, float* D, 
   return status();
 }
 
-// one wgmma (common/wgmma_probe.h) of N columns, kind 0 tf32 / 1 bf16, on device pointers; a CUDA
+// one wgmma (common/wgmma_probe.h) of N columns, kind 0 tf32 / 1 bf16 / 2 bf16 with B MN-major,
+// on device pointers; a CUDA
 // status, -1 for an N not built, -2 for an image over kWgImage bytes
 int probe_wgmma(int n, int kind, const uint32_t* image, int words, int start, int lbo, int sbo,
                 int swizzle, const uint32_t* A, const float* C, float* D, int scale_d) {

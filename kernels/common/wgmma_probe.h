@@ -13,7 +13,8 @@ constexpr int kWgImage = 16384;  // B's shared-memory image, bytes at most
 
 // one warpgroup (128 threads): D (thread t's N / 2 registers at D[t * N / 2 ..]) from C's, A's
 // four registers a thread (A[4 t ..]) and B at image[start ..] (descriptor: start, lbo, sbo,
-// swizzle 0 / 32 / 64 / 128); kind 0 tf32 (m64nNk8), 1 bf16 (m64nNk16); scale_d 0: D = A B
+// swizzle 0 / 32 / 64 / 128); kind 0 tf32 (m64nNk8), 1 bf16 (m64nNk16), 2 bf16 with B MN-major
+// (the transpose flag); scale_d 0: D = A B
 template <int N, int KIND>
 __global__ void wgmma_probe(const uint32_t* image, int words, int start, int lbo, int sbo, int swizzle,
                             const uint32_t* A, const float* C, float* D, int scale_d) {
@@ -32,7 +33,7 @@ __global__ void wgmma_probe(const uint32_t* image, int words, int start, int lbo
   const uint64_t desc = wbmma::smem_desc(base + pad + (uint32_t)start, (uint32_t)lbo, (uint32_t)sbo, swizzle);
   wbmma::wgmma_fence();
   if constexpr (KIND == 0) wbmma::wgmma_tf32<N>(d, a, desc, scale_d != 0);
-  else wbmma::wgmma_bf16<N>(d, a, desc, scale_d != 0);
+  else wbmma::wgmma_bf16<N, KIND == 2>(d, a, desc, scale_d != 0);
   wbmma::wgmma_commit();
   wbmma::wgmma_wait<0>();
   for (int i = 0; i < N / 2; ++i) D[t * (N / 2) + i] = d[i];
@@ -47,11 +48,16 @@ int wgmma_probe_launch(int n, int kind, Launch&& launch) {
     if (n == 16) return launch(wgmma_probe<16, 0>, bytes);
     if (n == 32) return launch(wgmma_probe<32, 0>, bytes);
     if (n == 64) return launch(wgmma_probe<64, 0>, bytes);
-  } else {
+  } else if (kind == 1) {
     if (n == 8) return launch(wgmma_probe<8, 1>, bytes);
     if (n == 16) return launch(wgmma_probe<16, 1>, bytes);
     if (n == 32) return launch(wgmma_probe<32, 1>, bytes);
     if (n == 64) return launch(wgmma_probe<64, 1>, bytes);
+  } else if (kind == 2) {
+    if (n == 8) return launch(wgmma_probe<8, 2>, bytes);
+    if (n == 16) return launch(wgmma_probe<16, 2>, bytes);
+    if (n == 32) return launch(wgmma_probe<32, 2>, bytes);
+    if (n == 64) return launch(wgmma_probe<64, 2>, bytes);
   }
   return -1;
 }

@@ -246,6 +246,16 @@ WG_LAYOUTS = [
     ("bf16", 16, 32, 0, 0, 256),
     ("bf16", 32, 64, 32, 0, 512),
     ("bf16", 64, 128, 64, 0, 1024),
+    # bf16 with B MN-major (the transpose flag; "bf16t"): n contiguous. No swizzle: core matrices
+    # of 8 rows of k x 16 bytes of n, pieces of n SBO apart, groups of k LBO apart; a W-byte
+    # swizzle: rows of k W bytes of n, atoms of n LBO apart, groups of 8 rows of k SBO apart. The
+    # last two: the same tile as the K-major ("bf16", 64, 128, ...) one of a 64 x 128 key tile read
+    # transposed (a start 2048 on: its second k step), which would spare a kernel a transposed copy.
+    ("bf16t", 16, 0, 0, 256, 128),
+    ("bf16t", 32, 32, 0, 512, 256),
+    ("bf16t", 64, 64, 0, 1024, 512),
+    ("bf16t", 64, 128, 0, 0, 1024),
+    ("bf16t", 64, 128, 2048, 0, 1024),
 ]
 WG_IMAGE = 16384
 
@@ -257,17 +267,27 @@ def wg_place_b(B: np.ndarray, kind: str, swizzle: int, start: int, lbo: int, sbo
     no swizzle: a row 16 bytes, the second piece LBO away; a W-byte swizzle: a row W bytes, the
     16-byte unit index XORed with the row index within its 8 (bits 4.. with bits 7..)."""
     e = 4 if kind == "tf32" else 2
+    mn = kind == "bf16t"
     bits = B.astype(np.float32).view(np.uint32) if kind == "tf32" else bf16_bits(B)
     img = np.full(WG_IMAGE // e, 0x7FC00000 if e == 4 else 0x7FC0, np.uint32 if e == 4 else np.uint16)
     per = 16 // e
     K, N = B.shape
     for k in range(K):
         for n in range(N):
-            piece, within = divmod(k, per)
-            if swizzle == 0:
-                addr = start + (n // 8) * sbo + (n % 8) * 16 + piece * lbo + within * e
+            if mn:  # n contiguous, rows of k
+                piece, within = divmod(n, per)
+                if swizzle == 0:
+                    addr = start + (k % 8) * 16 + piece * sbo + (k // 8) * lbo + within * e
+                else:
+                    atom, unit16 = divmod(piece, swizzle // 16)
+                    addr = start + (k % 8) * swizzle + unit16 * 16 + atom * lbo + (k // 8) * sbo + within * e
             else:
-                addr = start + (n // 8) * sbo + (n % 8) * swizzle + piece * 16 + within * e
+                piece, within = divmod(k, per)
+                if swizzle == 0:
+                    addr = start + (n // 8) * sbo + (n % 8) * 16 + piece * lbo + within * e
+                else:
+                    addr = start + (n // 8) * sbo + (n % 8) * swizzle + piece * 16 + within * e
+            if swizzle:
                 unit = (addr >> 4) & 7
                 row = (addr >> 7) & (swizzle // 16 - 1)
                 addr = (addr & ~0x70) | ((unit ^ row) << 4)
@@ -319,7 +339,7 @@ def _wg_run(fn, layout, A, B, C, scale_d=1):
     img = wg_place_b(B, kind, swizzle, start, lbo, sbo)
     a = wg_a_frags(A, kind)
     c = wg_regs(C)
-    return fn(N, 0 if kind == "tf32" else 1, img, start, lbo, sbo, swizzle, a, c, scale_d)
+    return fn(N, {"tf32": 0, "bf16": 1, "bf16t": 2}[kind], img, start, lbo, sbo, swizzle, a, c, scale_d)
 
 
 def _wg_emu(lib):
@@ -339,13 +359,13 @@ def _wg_inputs(rng, kind, N, mixed=False):
         return (rng.integers(-8, 9, (64, k)).astype(np.float32), rng.integers(-8, 9, (k, N)).astype(np.float32),
                 rng.integers(-50, 51, (64, N)).astype(np.float32))
     A, B, C = _mixed(rng, (64, k)), _mixed(rng, (k, N)), _mixed(rng, (64, N), exp=9)
-    if kind == "bf16":
+    if kind != "tf32":
         A, B = _to_bf16(A), _to_bf16(B)
     return A, B, C
 
 
 def _operands(kind, X):
-    return X if kind == "bf16" else (X.view(np.uint32) & 0xFFFFE000).view(np.float32)
+    return X if kind != "tf32" else (X.view(np.uint32) & 0xFFFFE000).view(np.float32)
 
 
 @pytest.mark.parametrize("layout", WG_LAYOUTS, ids=lambda x: "-".join(map(str, x)))
@@ -367,6 +387,19 @@ def test_wgmma_model_reads_the_ptx_layouts(lib, layout):
     for k in range(A.shape[1]):
         want = (want + np.outer(opA[:, k], opB[k, :])).astype(np.float32)
     np.testing.assert_array_equal(_wg_run(emu, layout, A, B, C), want)
+
+
+def test_wgmma_mn_major_tile_is_the_k_major_tile_transposed():
+    """By the ISA's canonical layouts, a 64 x 64 bf16 tile stored K-major for one product (rows
+    c, k contiguous, 128-byte swizzle, SBO 1024) is, byte for byte, the MN-major operand of the
+    product that reads it transposed (rows of k = c, n contiguous, SBO 1024): a kernel's key tile
+    can serve S K^T and the update K^T U without a transposed copy (once the tensor cores agree:
+    the "bf16t" layouts of the GPU test)."""
+    rng = np.random.default_rng(9)
+    Kmat = rng.integers(-8, 9, (64, 64)).astype(np.float32)  # [c, kd]
+    kmajor = wg_place_b(Kmat.T, "bf16", 128, 0, 0, 1024)  # B(k = kd, n = c)
+    mnmajor = wg_place_b(Kmat, "bf16t", 128, 0, 0, 1024)  # B(k = c, n = kd)
+    np.testing.assert_array_equal(kmajor.view(np.uint16)[:4096], mnmajor.view(np.uint16)[:4096])
 
 
 def test_wgmma_model_is_asynchronous(lib):
