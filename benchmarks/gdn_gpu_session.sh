@@ -29,6 +29,11 @@
 #                                                       # machine): gdn_flashinfer.py, ours, fla
 #                                                       # and FlashInfer; FI_ARGS="--accuracy
 #                                                       # --kernels" adds FP64 errors, kernel times
+#   OUT=$OUT bash benchmarks/gdn_gpu_session.sh wgmma    # the wgmma work in one call: the wgmma
+#                                                       # model against the tensor cores (every
+#                                                       # layout, MN-major included), the wgmma
+#                                                       # pass's GPU tests, the chunk-step products'
+#                                                       # timing, the pass against the rule's (A/B)
 #   OUT=$OUT bash benchmarks/gdn_gpu_session.sh phases [passes...]
 #                                                       # prepare / pass GPU time at B1 T8192 HV32,
 #                                                       # each pass forced (default: all four);
@@ -133,6 +138,18 @@ case "$mode" in
     timeout "$limit" python3 benchmarks/gdn_flashinfer.py "${args[@]}" 2>&1 | grep -E '^\{|summary|Error' | cut -c1-400
     stamp "$f"
     ;;
+  wgmma)
+    f="$out/gpu-tests-$day-wgmma.txt"
+    cmd="pytest -q -m gpu -s -rA tests/kernels/test_cuda_emu.py tests/kernels/gdn/test_mma_emu.py tests/kernels/gdn/test_wgmma_chunk.py -k wgmma"
+    { header "$cmd"; timeout 200 bash -c "python3 -m $cmd -p no:cacheprovider" 2>&1; echo "# rc=$?"; } > "$f"
+    grep -E "passed|failed|wgmma \(" "$f" | cut -c1-200 | tail -24
+    timeout 60 python3 benchmarks/gdn_wgmma_chunk.py --blocks 132 --chunks 256 --out "$out/gdn-wgmma-chunk-$day.json" 2>&1 | tail -2 | cut -c1-300
+    stamp "$out/gdn-wgmma-chunk-$day.json"
+    f="$out/gdn-pass-ab-$day-wgmma.json"
+    timeout "$((limit > 280 ? 280 : limit))" python3 benchmarks/gdn_pass_ab.py --variants auto wgmma --rounds 2 --out "$f" \
+      --only "B1 T8192" "B4 T4096" "B8 T1000" "64 seqs" 2>&1 | grep -E '^\{|summary' | cut -c1-300
+    stamp "$f"
+    ;;
   clocks)
     f="$out/gdn-clocks-$day.json"
     args=(--out "$f" --passes ${CLOCKS_PASSES:-smem smem16 warp})
@@ -141,7 +158,7 @@ case "$mode" in
     stamp "$f"
     ;;
   *)
-    echo "usage: OUT=dir bash benchmarks/gdn_gpu_session.sh tests|ab|env|matrix|phases|clocks|flashinfer [args...]" >&2
+    echo "usage: OUT=dir bash benchmarks/gdn_gpu_session.sh tests|ab|env|matrix|phases|clocks|flashinfer|wgmma [args...]" >&2
     exit 2
     ;;
 esac
