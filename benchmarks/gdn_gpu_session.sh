@@ -139,10 +139,10 @@ case "$mode" in
     stamp "$f"
     ;;
   wgmma)
-    f="$out/gpu-tests-$day-wgmma.txt"
-    cmd="pytest -q -m gpu -s -rA tests/kernels/test_cuda_emu.py tests/kernels/gdn/test_mma_emu.py tests/kernels/gdn/test_wgmma_chunk.py -k wgmma"
-    { header "$cmd"; timeout 200 bash -c "python3 -m $cmd -p no:cacheprovider" 2>&1; echo "# rc=$?"; } > "$f"
-    grep -E "passed|failed|wgmma \(" "$f" | cut -c1-200 | tail -24
+    # the tests mode, for the wgmma tests (gpu-tests-DAY-wgmma.txt)
+    TESTS_K=wgmma TESTS_NAME=wgmma SESSION_LIMIT=200 bash "$0" tests -s -rA tests/kernels/test_cuda_emu.py \
+      tests/kernels/gdn/test_mma_emu.py tests/kernels/gdn/test_wgmma_chunk.py
+    grep -E "passed|failed|wgmma \(" "$out/gpu-tests-$day-wgmma.txt" | cut -c1-200 | tail -24
     timeout 60 python3 benchmarks/gdn_wgmma_chunk.py --blocks 132 --chunks 256 --out "$out/gdn-wgmma-chunk-$day.json" 2>&1 | tail -2 | cut -c1-300
     stamp "$out/gdn-wgmma-chunk-$day.json"
     f="$out/gdn-pass-ab-$day-wgmma.json"

@@ -558,15 +558,25 @@ inline uint32_t smem_offset(const void* p) {
   return (uint32_t)(q - base);
 }
 
-// B's element (k, n) through descriptor desc, e bytes an element (4 tf32, 2 bf16), as float; mn:
+// A matrix descriptor's fields, decoded once an operation
+struct WgDesc {
+  uint32_t start, lbo, sbo;
+  int W;  // swizzle bytes: 0 none, 32, 64, 128
+  explicit WgDesc(uint64_t desc)
+      : start((uint32_t)(desc & 0x3fff) << 4), lbo((uint32_t)((desc >> 16) & 0x3fff) << 4),
+        sbo((uint32_t)((desc >> 32) & 0x3fff) << 4) {
+    const int mode = (int)(desc >> 62);
+    W = mode == 1 ? 128 : mode == 2 ? 64 : mode == 3 ? 32 : 0;
+  }
+};
+
+// B's element (k, n) through descriptor dc, e bytes an element (4 tf32, 2 bf16), as float; mn:
 // B MN-major (bf16's transpose flag), else K-major
-inline float wg_b(uint64_t desc, int e, int k, int n, bool mn = false) {
+inline float wg_b(const WgDesc& dc, int e, int k, int n, bool mn = false) {
   Block* b = cur();
-  const uint32_t start = (uint32_t)(desc & 0x3fff) << 4, lbo = (uint32_t)((desc >> 16) & 0x3fff) << 4,
-                 sbo = (uint32_t)((desc >> 32) & 0x3fff) << 4;
-  const int mode = (int)(desc >> 62), per = 16 / e;
-  const int W = mode == 1 ? 128 : mode == 2 ? 64 : mode == 3 ? 32 : 0;
-  uint32_t addr = start;
+  const uint32_t lbo = dc.lbo, sbo = dc.sbo;
+  const int W = dc.W, per = 16 / e;
+  uint32_t addr = dc.start;
   if (!mn) {
     addr += (uint32_t)(n / 8) * sbo + (uint32_t)(k % per) * e;
     if (W == 0) addr += (uint32_t)(n % 8) * 16 + (uint32_t)(k / per) * lbo;
@@ -622,13 +632,14 @@ inline void wgmma_wait(int n) {
   arrive_wait(b->wg_bar[wg_of(t)], 128, "wgmma.wait_group");
   for (size_t i = 0; i < upto; ++i) {
     const WgOp& op = f.wg_ops[i];
-    auto peer = [&](int th) -> const WgOp& {
+    for (int th = 0; th < 128; ++th) {  // the warpgroup's threads issued the same operation
       const Fiber& g = (*b->fibers)[w0 + th];
       if (g.wg_ops.size() <= i || g.wg_ops[i].desc != op.desc || g.wg_ops[i].n != op.n ||
           g.wg_ops[i].kind != op.kind || g.wg_ops[i].scale_d != op.scale_d)
         fail(b, "wgmma: the warpgroup's threads issued different operations");
-      return g.wg_ops[i];
-    };
+    }
+    auto peer = [&](int th) -> const WgOp& { return (*b->fibers)[w0 + th].wg_ops[i]; };
+    const WgDesc dc(op.desc);
     const int e = op.kind == 0 ? 4 : 2, KD = op.kind == 0 ? 8 : 16;
     const bool mn = op.kind == 2;  // bf16 with B MN-major
     // A (m, k) from the fragment of the lane that holds it
@@ -645,7 +656,7 @@ inline void wgmma_wait(int n) {
     for (int r = 0; r < op.n / 2; ++r) {
       const int m = 16 * w + g + 8 * ((r / 2) % 2), col = 8 * (r / 4) + 2 * tq + r % 2;
       float acc = op.scale_d ? op.d[r] : 0.0f;
-      for (int k = 0; k < KD; ++k) acc += A(m, k) * wg_b(op.desc, e, k, col, mn);
+      for (int k = 0; k < KD; ++k) acc += A(m, k) * wg_b(dc, e, k, col, mn);
       op.d[r] = acc;
     }
   }

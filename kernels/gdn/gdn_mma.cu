@@ -1336,8 +1336,9 @@ mma_wgpass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restr
       const int c = i / 16, j = i % 16;
       uint4 kk = make_uint4(0, 0, 0, 0), qq = kk, vv = kk;
       if (c < L) {
-        kk = *reinterpret_cast<const uint4*>(k + gdn::qk_index(b, t0 + c, h, T, H, K) + 8 * j);
-        qq = *reinterpret_cast<const uint4*>(q + gdn::qk_index(b, t0 + c, h, T, H, K) + 8 * j);
+        const long qk = gdn::qk_index(b, t0 + c, h, T, H, K) + 8 * j;
+        kk = *reinterpret_cast<const uint4*>(k + qk);
+        qq = *reinterpret_cast<const uint4*>(q + qk);
         vv = *reinterpret_cast<const uint4*>(v + gdn::v_index(b, t0 + c, hv, T, HV, V) + 8 * j);
       }
       *reinterpret_cast<uint4*>(sm + wgp::Kt + b_offset<2>(8 * j, c, kC)) = kk;
