@@ -32,6 +32,16 @@ __device__ __forceinline__ uint64_t b_desc(uint32_t sa, int j, int N, int n0) {
   return wbmma::smem_desc(at, 16, 1024, 128);
 }
 
+// the descriptor of k step j (16 rows of k) of a bf16 operand read MN-major (the transpose flag)
+// from a K-major 128-byte-swizzled tile of `rows` rows: the tile's rows are the product's k and
+// its contraction the product's n; columns n0.. (a multiple of 64: one swizzle atom of n). By the
+// ISA's canonical layouts the K-major tile is byte for byte this MN-major operand (tested in
+// tests/kernels/test_cuda_emu.py), so one tile serves A B and A B^T without a transposed copy.
+__device__ __forceinline__ uint64_t bt_desc(uint32_t sa, int j, int rows, int n0) {
+  const uint32_t atom = (uint32_t)(rows / 8) * 1024;  // bytes of 64 n (one 128-byte k column)
+  return wbmma::smem_desc(sa + (uint32_t)(n0 / 64) * atom + (uint32_t)j * 2048, atom, 1024, 128);
+}
+
 // x minus its bf16 rounding (the low half of a two-bf16 split: x = hi + lo to 16 bits)
 __device__ __forceinline__ float bf16_rest(float x) { return x - __bfloat162float(__float2bfloat16_rn(x)); }
 __device__ __forceinline__ uint32_t bf16x2(float lo, float hi) {
@@ -97,6 +107,15 @@ __device__ __forceinline__ void product(float (&d)[32], const uint32_t (&a)[ST][
                                         bool acc) {
 #pragma unroll
   for (int j = 0; j < KC / (KIND == 0 ? 8 : 16); ++j) mma64<KIND>(d, a[j], b_desc(sa, j, N, n0), acc || j > 0);
+}
+
+// d (64 x 64) (+)= A (64 x KC, fragments a) B, B(k, n) = element (row k, contraction n0 + n) of
+// the K-major bf16 tile of `rows` rows at sa, read MN-major (bt_desc)
+template <int KC, int ST>
+__device__ __forceinline__ void product_t(float (&d)[32], const uint32_t (&a)[ST][4], uint32_t sa, int rows, int n0,
+                                          bool acc) {
+#pragma unroll
+  for (int j = 0; j < KC / 16; ++j) wbmma::wgmma_bf16<64, true>(d, a[j], bt_desc(sa, j, rows, n0), acc || j > 0);
 }
 
 }  // namespace wbtile

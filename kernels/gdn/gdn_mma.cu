@@ -1288,14 +1288,30 @@ mma_pass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restric
 // Y = S^T Q^T (S^T's halves against the chunk's keys and queries as given); on the accumulators'
 // columns (positions c) R^T = beta_c (V^T - ek_c X) and Y *= eq_c; U^T = R^T Tinv^T and
 // Y += R^T PT^T (Tinv and PT, tf32 values, split exactly into two bf16 halves); o = scale Y;
-// S^T = el S^T + (U^T diag(d)) K (the keys transposed in shared memory). Twelve bf16 products a
-// chunk. Its loads are synchronous (every thread, between two block barriers): a first version,
-// to be timed and checked before the loads move to a warpgroup of their own.
+// S^T = el S^T + (U^T diag(d)) K (the same key tile read MN-major: bf16's transpose flag).
+// Twelve bf16 products a chunk. The chunk's tiles come by cp.async a chunk ahead into the other
+// of two stages (the keys and queries straight into their 128-byte swizzle, 16-byte units that
+// the swizzle moves whole); at a chunk's start its Tinv and PT are split into bf16 halves.
 namespace wgp {
 constexpr int SVS = 128 + 8;  // V's row stride (elements)
-constexpr int Kt = 0, Qt = Kt + 16384, KT = Qt + 16384, Th = KT + 16384, Tl = Th + 8192, Ph = Tl + 8192,
-              Pl = Ph + 8192, Vs = Pl + 8192, F = Vs + kC * SVS * 2, bytes = F + kFacRows * kC * 4;
+// a stage (1024-byte aligned for the swizzle): keys, queries (K-major tiles), Tinv and PT (float32
+// as in the workspace), V (rows c), the factor rows
+constexpr int Kt = 0, Qt = Kt + 16384, W = Qt + 16384, Vs = W + 2 * kC * kC * 4, F = Vs + kC * SVS * 2,
+              stage = (F + kFacRows * kC * 4 + 1023) / 1024 * 1024;
+// then, once: Tinv's and PT's bf16 halves (K-major tiles, rows: the output position)
+constexpr int Th = 2 * stage, Tl = Th + 8192, Ph = Tl + 8192, Pl = Ph + 8192, bytes = Pl + 8192;
 }  // namespace wgp
+
+// one 16-byte cp.async (global to shared; shared address sa of the generic pointer d)
+__device__ __forceinline__ void cp16(void* d, uint32_t sa, const void* src) {
+#ifdef WB_MMA_EMU
+  (void)sa;
+  wbemu::cp_async(d, src, 16);
+#else
+  (void)d;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(sa), "l"(src));
+#endif
+}
 
 template <typename QT>
 __global__ void __launch_bounds__(256, 1)
@@ -1322,45 +1338,63 @@ mma_wgpass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restr
 #pragma unroll
     for (int i = 0; i < 32; ++i) s[hh][i] = h0 ? h0[at + (long)(64 * hh + ccol(i)) * V + vrow(i)] : 0.0f;
   wait_for_primary();  // prepare's workspace complete (a dependent launch; else nothing)
+  // chunk n's tiles into stage st (one commit group; rows c >= L zero)
+  auto issue = [&](int n, int st) {
+    const int t0 = sq.first + n * kC, L = gdn::imin(kC, tend - t0);
+    const float* ws = tinv + (sq.crow + n) * kChunkWs;
+    uint8_t* d = sm + st * wgp::stage;
+    const uint32_t ds = sb + st * wgp::stage;
+    for (int i = tid; i < kC * 16; i += 256) {  // row c, the 16-byte piece j of k (or of V's row)
+      const int c = i / 16, j = i % 16;
+      const uint32_t ok = wgp::Kt + b_offset<2>(8 * j, c, kC), oq = wgp::Qt + b_offset<2>(8 * j, c, kC),
+                     ov = wgp::Vs + 2 * (c * wgp::SVS + 8 * j);
+      if (c < L) {
+        const long qk = gdn::qk_index(b, t0 + c, h, T, H, K) + 8 * j;
+        cp16(d + ok, ds + ok, k + qk);
+        cp16(d + oq, ds + oq, q + qk);
+        cp16(d + ov, ds + ov, v + gdn::v_index(b, t0 + c, hv, T, HV, V) + 8 * j);
+      } else {
+        const uint4 z = make_uint4(0, 0, 0, 0);
+        *reinterpret_cast<uint4*>(d + ok) = z, *reinterpret_cast<uint4*>(d + oq) = z,
+        *reinterpret_cast<uint4*>(d + ov) = z;
+      }
+    }
+    for (int i = tid; i < 2 * kC * kC / 4; i += 256) cp16(d + wgp::W + 16 * i, ds + wgp::W + 16 * i, ws + 4 * i);
+    for (int i = tid; i < kFacRows * kC / 4; i += 256)
+      cp16(d + wgp::F + 16 * i, ds + wgp::F + 16 * i, ws + kFac + 4 * i);
+    cp_commit();
+  };
   float x[32], y[32], u[32];
   uint32_t sh[8][4], sl[8][4], ah[4][4], al[4][4];
   auto fence_all = [&]() { fence_regs(s[0]), fence_regs(s[1]), fence_regs(x), fence_regs(y), fence_regs(u); };
-  const float* fac = reinterpret_cast<const float*>(sm + wgp::F);
-  const QT* Vs = reinterpret_cast<const QT*>(sm + wgp::Vs);
+  if (sq.nc > 0) issue(0, 0);
   for (int n = 0; n < sq.nc; ++n) {
-    const int t0 = sq.first + n * kC, L = gdn::imin(kC, tend - t0);
-    const float* ws = tinv + (sq.crow + n) * kChunkWs;
-    __syncthreads();  // the previous chunk's tiles are read
-    // keys and queries (K-major tiles: row c, 16-byte pieces of k), the keys transposed, V
-    for (int i = tid; i < kC * 16; i += 256) {
-      const int c = i / 16, j = i % 16;
-      uint4 kk = make_uint4(0, 0, 0, 0), qq = kk, vv = kk;
-      if (c < L) {
-        const long qk = gdn::qk_index(b, t0 + c, h, T, H, K) + 8 * j;
-        kk = *reinterpret_cast<const uint4*>(k + qk);
-        qq = *reinterpret_cast<const uint4*>(q + qk);
-        vv = *reinterpret_cast<const uint4*>(v + gdn::v_index(b, t0 + c, hv, T, HV, V) + 8 * j);
-      }
-      *reinterpret_cast<uint4*>(sm + wgp::Kt + b_offset<2>(8 * j, c, kC)) = kk;
-      *reinterpret_cast<uint4*>(sm + wgp::Qt + b_offset<2>(8 * j, c, kC)) = qq;
-      *reinterpret_cast<uint4*>(sm + wgp::Vs + 2 * (c * wgp::SVS + 8 * j)) = vv;
-      uint16_t ke[8];
-      memcpy(ke, &kk, 16);
+    const int t0 = sq.first + n * kC, L = gdn::imin(kC, tend - t0), st = n & 1;
+    const uint8_t* stg = sm + st * wgp::stage;
+    const uint32_t sbs = sb + st * wgp::stage;
+    cp_wait<0>();     // this thread's copies of chunk n
+    __syncthreads();  // everyone's; and every warp is done with chunk n - 1 (its stage, the halves)
+    if (n + 1 < sq.nc) issue(n + 1, st ^ 1);
+    // Tinv and PT into bf16 halves: 8 consecutive columns of a row a unit (one 16-byte piece each)
+    for (int i = tid; i < 2 * kC * 8; i += 256) {
+      const int m = i / (kC * 8), r = (i / 8) % kC, j = i % 8;
+      const float4* src = reinterpret_cast<const float4*>(stg + wgp::W + 4 * (m * kC * kC + r * kC + 8 * j));
+      const float4 p0 = src[0], p1 = src[1];
+      const float xs[8] = {p0.x, p0.y, p0.z, p0.w, p1.x, p1.y, p1.z, p1.w};
+      uint32_t hi[4], lo[4];
 #pragma unroll
-      for (int e = 0; e < 8; ++e) *reinterpret_cast<uint16_t*>(sm + wgp::KT + b_offset<2>(c, 8 * j + e, K)) = ke[e];
+      for (int e = 0; e < 4; ++e) {
+        hi[e] = bf16x2(xs[2 * e], xs[2 * e + 1]);
+        lo[e] = bf16x2(bf16_rest(xs[2 * e]), bf16_rest(xs[2 * e + 1]));
+      }
+      const uint32_t off = b_offset<2>(8 * j, r, kC);
+      memcpy(sm + (m ? wgp::Ph : wgp::Th) + off, hi, 16);
+      memcpy(sm + (m ? wgp::Pl : wgp::Tl) + off, lo, 16);
     }
-    // Tinv and PT (tf32 values) split into bf16 halves, K-major (row: the output position)
-    for (int i = tid; i < 2 * kC * kC; i += 256) {
-      const int m = i / (kC * kC), r = (i / kC) % kC, ci = i % kC;
-      const float xv = ws[i];
-      const __nv_bfloat16 hi = __float2bfloat16_rn(xv), lo = __float2bfloat16_rn(xv - __bfloat162float(hi));
-      const uint32_t off = b_offset<2>(ci, r, kC);
-      *reinterpret_cast<__nv_bfloat16*>(sm + (m ? wgp::Ph : wgp::Th) + off) = hi;
-      *reinterpret_cast<__nv_bfloat16*>(sm + (m ? wgp::Pl : wgp::Tl) + off) = lo;
-    }
-    for (int i = tid; i < kFacRows * kC; i += 256) reinterpret_cast<float*>(sm + wgp::F)[i] = ws[kFac + i];
     wbmma::fence_async_smem();
     __syncthreads();
+    const float* fac = reinterpret_cast<const float*>(stg + wgp::F);
+    const QT* Vs = reinterpret_cast<const QT*>(stg + wgp::Vs);
     const float *fek = fac, *feq = fac + kC, *fbt = fac + 2 * kC, *fd = fac + 3 * kC;
     // X = S^T K^T, Y = S^T Q^T
     frags<1, 64>(s[0], sh), frags<1, 64>(s[1], sh, 4);
@@ -1369,10 +1403,10 @@ mma_wgpass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restr
     for (int i = 0; i < 32; ++i) x[i] = y[i] = 0.0f;
     fence_all();
     wbmma::wgmma_fence();
-    product<1, K>(x, sh, sb + wgp::Kt, kC, 0, false);
-    product<1, K>(x, sl, sb + wgp::Kt, kC, 0, true);
-    product<1, K>(y, sh, sb + wgp::Qt, kC, 0, false);
-    product<1, K>(y, sl, sb + wgp::Qt, kC, 0, true);
+    product<1, K>(x, sh, sbs + wgp::Kt, kC, 0, false);
+    product<1, K>(x, sl, sbs + wgp::Kt, kC, 0, true);
+    product<1, K>(y, sh, sbs + wgp::Qt, kC, 0, false);
+    product<1, K>(y, sl, sbs + wgp::Qt, kC, 0, true);
     wbmma::wgmma_commit();
     wbmma::wgmma_wait<0>();
     fence_all();
@@ -1403,7 +1437,7 @@ mma_wgpass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restr
       for (int i = 0; i < 32; ++i)
         if (ccol(i) < L) put(op + gdn::v_index(b, t0 + ccol(i), hv, T, HV, V) + vrow(i), scale * y[i]);
     });
-    // S^T = el S^T + (U^T diag(d)) K
+    // S^T = el S^T + (U^T diag(d)) K (the key tile MN-major: B(k = c, n = the state's k))
     const float el = fac[4 * kC];
 #pragma unroll
     for (int i = 0; i < 32; ++i) u[i] *= fd[ccol(i)];
@@ -1415,10 +1449,10 @@ mma_wgpass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restr
       for (int i = 0; i < 32; ++i) s[hh][i] *= el;
     fence_all();
     wbmma::wgmma_fence();
-    product<1, kC>(s[0], ah, sb + wgp::KT, K, 0, true);
-    product<1, kC>(s[1], ah, sb + wgp::KT, K, 64, true);
-    product<1, kC>(s[0], al, sb + wgp::KT, K, 0, true);
-    product<1, kC>(s[1], al, sb + wgp::KT, K, 64, true);
+    product_t<kC>(s[0], ah, sbs + wgp::Kt, kC, 0, true);
+    product_t<kC>(s[1], ah, sbs + wgp::Kt, kC, 64, true);
+    product_t<kC>(s[0], al, sbs + wgp::Kt, kC, 0, true);
+    product_t<kC>(s[1], al, sbs + wgp::Kt, kC, 64, true);
     wbmma::wgmma_commit();
     wbmma::wgmma_wait<0>();
     fence_all();
