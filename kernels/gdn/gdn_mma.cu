@@ -647,11 +647,29 @@ mma_l2_norms(const QT* __restrict__ q, const QT* __restrict__ k, float* __restri
 
 // ------------------------------------------------------------------------------------ prepare
 
+// Element pair (i, c), (i, c + 1) of a 64 x 64 workspace matrix at m (Tinv's or PT's region, kC x
+// kC floats): float32 (row-major), or, for the wgmma pass (halves), as two bf16 matrices in the
+// same bytes, hi = bf16(x) row-major then lo = bf16(x - hi): the operand tiles that pass copies
+// as they are (tf32 values split exactly)
+template <bool HALVES>
+__device__ __forceinline__ void put_ws(float* m, int i, int c, float2 x) {
+  if constexpr (!HALVES) {
+    *reinterpret_cast<float2*>(m + i * kC + c) = x;
+    return;
+  }
+  const __nv_bfloat162 hi = __floats2bfloat162_rn(x.x, x.y);
+  const __nv_bfloat162 lo = __floats2bfloat162_rn(x.x - __bfloat162float(hi.x), x.y - __bfloat162float(hi.y));
+  __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(m);
+  h[(i * kC + c) / 2] = hi;
+  h[(kC * kC + i * kC + c) / 2] = lo;
+}
+
 // One warp, 32 columns of R (row stride LDR; the tf32 right-hand sides, replaced in place by the
 // solution): (I + A) Y = R by blocked forward substitution over the four 16-row blocks,
 //   T = R_I - sum_{J<I} A_IJ Y_J (tf32 operands, float32 sums), Y_I = (I + A_II)^-1 T,
 // with A's blocks below the diagonal blocks and the inverse diagonal blocks Xd (row stride kPS)
-// already rounded to tf32. Y (rounded to tf32) goes to out (row stride ldo), every row.
+// already rounded to tf32. Y (rounded to tf32) goes to columns c0.. of the workspace matrix out
+// (float32; null: only to R), every row.
 // The right-hand sides are columns c0.. of the identity (c0 a multiple of 32), formed here (R's
 // rows are only written, each before it is read as Y). skip: the blocks above row block
 // I0 = c0 / 16 are zero and Y_I0 is [X_I0 | 0] (its T is the identity's [I | 0]: the product
@@ -660,8 +678,7 @@ mma_l2_norms(const QT* __restrict__ q, const QT* __restrict__ k, float* __restri
 // longest); WORKBENCH_GDN_MMA_SOLVE=full forms every block (A/Bs).
 template <int LDR>
 __device__ __forceinline__ void solve_block_columns(const float* As, const float* Xd, float* R,
-                                                    float* out, long ldo, int lane, int c0,
-                                                    bool skip) {
+                                                    float* out, int lane, int c0, bool skip) {
   const int gq = lane >> 2, tq = lane & 3;
   const int I0 = skip ? c0 / 16 : -1;
 #pragma unroll
@@ -676,7 +693,7 @@ __device__ __forceinline__ void solve_block_columns(const float* As, const float
                                 ? *reinterpret_cast<const float2*>(Xd + i * kPS + c0 + c)
                                 : make_float2(0.f, 0.f);
           *reinterpret_cast<float2*>(R + i * LDR + c) = yr;
-          *reinterpret_cast<float2*>(out + i * ldo + c) = yr;
+          if (out) put_ws<false>(out, i, c0 + c, yr);
         }
       __syncwarp();
       continue;
@@ -705,7 +722,7 @@ __device__ __forceinline__ void solve_block_columns(const float* As, const float
         const int i = 16 * I + gq + 8 * hf, c = nt * 8 + 2 * tq;
         const float2 yr = make_float2(rtf32(y[0][nt][2 * hf]), rtf32(y[0][nt][2 * hf + 1]));
         *reinterpret_cast<float2*>(R + i * LDR + c) = yr;
-        *reinterpret_cast<float2*>(out + i * ldo + c) = yr;
+        if (out) put_ws<false>(out, i, c0 + c, yr);
       }
     __syncwarp();  // Y_I is visible to the warp before the next block reads it
   }
@@ -734,7 +751,7 @@ struct PrepSmem {
 // diagonal blocks of (I + A)^-1 in float32 (warps 0-1, gdn_mma.h); the identity's columns by
 // blocked forward substitution (warps 0-1, 32 columns each) while warps 2-7 form P from their
 // Q K^T; then PT by mma (every warp, one 16 x 32 tile).
-template <int K, typename QT>
+template <int K, typename QT, bool HALVES = false>
 __global__ void __launch_bounds__(kThreads, 2)
 mma_prepare(const QT* __restrict__ q, const QT* __restrict__ k, const float* __restrict__ g,
             const float* __restrict__ beta, const float* __restrict__ nq,
@@ -853,7 +870,7 @@ mma_prepare(const QT* __restrict__ q, const QT* __restrict__ k, const float* __r
       // 2-3, and each warp's substitution reads all four, so the two warps meet first (named
       // barrier)
       named_sync<1, 64>();
-      solve_block_columns<kTS>(As, Xs, Ts + 32 * w, out + 32 * w, kC, lane, 32 * w, skip);
+      solve_block_columns<kTS>(As, Xs, Ts + 32 * w, HALVES ? nullptr : out, lane, 32 * w, skip);
     } else {  // warps 2-7: P, one 16 x 32 tile each of the six on or below the diagonal
 #pragma unroll
       for (int nt = 0; nt < 4; ++nt)
@@ -878,9 +895,17 @@ mma_prepare(const QT* __restrict__ q, const QT* __restrict__ k, const float* __r
 #pragma unroll
         for (int hf = 0; hf < 2; ++hf) {
           const int i = i0 + gq + 8 * hf, c = j0 + nt * 8 + 2 * tq;
-          *reinterpret_cast<float2*>(out + kC * kC + i * kC + c) =
+          // (halves: PT to As, free since the substitution, then both halves below)
+          *reinterpret_cast<float2*>(HALVES ? As + i * kPS + c : out + kC * kC + i * kC + c) =
               make_float2(rtf32(acc[0][nt][2 * hf]), rtf32(acc[0][nt][2 * hf + 1]));
         }
+    }
+    if constexpr (HALVES) {  // Tinv's and PT's halves from shared memory (Tinv: the substitution's R)
+      __syncthreads();
+      for (int idx = tid; idx < kC * kC; idx += kThreads) {
+        const int m = idx / (kC * kC / 2), r = (idx / (kC / 2)) % kC, c = 2 * (idx % (kC / 2));
+        put_ws<true>(out + m * kC * kC, r, c, *reinterpret_cast<const float2*>(m ? As + r * kPS + c : Ts + r * kTS + c));
+      }
     }
     WB_CLK(8);
     {  // the passes' per-position factors (kFac): the expressions the passes evaluated themselves
@@ -1290,16 +1315,16 @@ mma_pass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restric
 // Y += R^T PT^T (Tinv and PT, tf32 values, split exactly into two bf16 halves); o = scale Y;
 // S^T = el S^T + (U^T diag(d)) K (the same key tile read MN-major: bf16's transpose flag).
 // Twelve bf16 products a chunk. The chunk's tiles come by cp.async a chunk ahead into the other
-// of two stages (the keys and queries straight into their 128-byte swizzle, 16-byte units that
-// the swizzle moves whole); at a chunk's start its Tinv and PT are split into bf16 halves.
+// of two stages, straight into their 128-byte swizzle (16-byte units, which the swizzle moves
+// whole): the keys and queries as given, Tinv's and PT's halves as prepare writes them for this
+// pass (put_ws), V and the factor rows; one block barrier a chunk.
 namespace wgp {
 constexpr int SVS = 128 + 8;  // V's row stride (elements)
-// a stage (1024-byte aligned for the swizzle): keys, queries (K-major tiles), Tinv and PT (float32
-// as in the workspace), V (rows c), the factor rows
-constexpr int Kt = 0, Qt = Kt + 16384, W = Qt + 16384, Vs = W + 2 * kC * kC * 4, F = Vs + kC * SVS * 2,
-              stage = (F + kFacRows * kC * 4 + 1023) / 1024 * 1024;
-// then, once: Tinv's and PT's bf16 halves (K-major tiles, rows: the output position)
-constexpr int Th = 2 * stage, Tl = Th + 8192, Ph = Tl + 8192, Pl = Ph + 8192, bytes = Pl + 8192;
+// a stage (1024-byte aligned for the swizzle): keys, queries, Tinv's and PT's bf16 halves (K-major
+// tiles; Tinv's and PT's rows: the output position), V (rows c), the factor rows; two stages
+constexpr int Kt = 0, Qt = Kt + 16384, Th = Qt + 16384, Tl = Th + 8192, Ph = Tl + 8192, Pl = Ph + 8192,
+              Vs = Pl + 8192, F = Vs + kC * SVS * 2, stage = (F + kFacRows * kC * 4 + 1023) / 1024 * 1024,
+              bytes = 2 * stage;
 }  // namespace wgp
 
 // one 16-byte cp.async (global to shared; shared address sa of the generic pointer d)
@@ -1359,7 +1384,12 @@ mma_wgpass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restr
         *reinterpret_cast<uint4*>(d + ov) = z;
       }
     }
-    for (int i = tid; i < 2 * kC * kC / 4; i += 256) cp16(d + wgp::W + 16 * i, ds + wgp::W + 16 * i, ws + 4 * i);
+    // Tinv's and PT's halves: four 64 x 64 bf16 matrices (hi, lo, hi, lo), row r's 16-byte piece j
+    for (int i = tid; i < 4 * kC * 8; i += 256) {
+      const int m = i / (kC * 8), r = (i / 8) % kC, j = i % 8;
+      const uint32_t ot = wgp::Th + m * 8192 + b_offset<2>(8 * j, r, kC);
+      cp16(d + ot, ds + ot, reinterpret_cast<const uint8_t*>(ws) + m * 8192 + r * 128 + 16 * j);
+    }
     for (int i = tid; i < kFacRows * kC / 4; i += 256)
       cp16(d + wgp::F + 16 * i, ds + wgp::F + 16 * i, ws + kFac + 4 * i);
     cp_commit();
@@ -1373,26 +1403,9 @@ mma_wgpass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restr
     const uint8_t* stg = sm + st * wgp::stage;
     const uint32_t sbs = sb + st * wgp::stage;
     cp_wait<0>();     // this thread's copies of chunk n
-    __syncthreads();  // everyone's; and every warp is done with chunk n - 1 (its stage, the halves)
+    wbmma::fence_async_smem();  // visible to wgmma (the async proxy)
+    __syncthreads();  // everyone's; and every warp is done with chunk n - 1 (its stage)
     if (n + 1 < sq.nc) issue(n + 1, st ^ 1);
-    // Tinv and PT into bf16 halves: 8 consecutive columns of a row a unit (one 16-byte piece each)
-    for (int i = tid; i < 2 * kC * 8; i += 256) {
-      const int m = i / (kC * 8), r = (i / 8) % kC, j = i % 8;
-      const float4* src = reinterpret_cast<const float4*>(stg + wgp::W + 4 * (m * kC * kC + r * kC + 8 * j));
-      const float4 p0 = src[0], p1 = src[1];
-      const float xs[8] = {p0.x, p0.y, p0.z, p0.w, p1.x, p1.y, p1.z, p1.w};
-      uint32_t hi[4], lo[4];
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        hi[e] = bf16x2(xs[2 * e], xs[2 * e + 1]);
-        lo[e] = bf16x2(bf16_rest(xs[2 * e]), bf16_rest(xs[2 * e + 1]));
-      }
-      const uint32_t off = b_offset<2>(8 * j, r, kC);
-      memcpy(sm + (m ? wgp::Ph : wgp::Th) + off, hi, 16);
-      memcpy(sm + (m ? wgp::Pl : wgp::Tl) + off, lo, 16);
-    }
-    wbmma::fence_async_smem();
-    __syncthreads();
     const float* fac = reinterpret_cast<const float*>(stg + wgp::F);
     const QT* Vs = reinterpret_cast<const QT*>(stg + wgp::Vs);
     const float *fek = fac, *feq = fac + kC, *fbt = fac + 2 * kC, *fd = fac + 3 * kC;
@@ -1422,12 +1435,12 @@ mma_wgpass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restr
     frags_lo<kC>(x, al);
     fence_all();
     wbmma::wgmma_fence();
-    product<1, kC>(u, ah, sb + wgp::Th, kC, 0, false);
-    product<1, kC>(u, ah, sb + wgp::Tl, kC, 0, true);
-    product<1, kC>(u, al, sb + wgp::Th, kC, 0, true);
-    product<1, kC>(y, ah, sb + wgp::Ph, kC, 0, true);
-    product<1, kC>(y, ah, sb + wgp::Pl, kC, 0, true);
-    product<1, kC>(y, al, sb + wgp::Ph, kC, 0, true);
+    product<1, kC>(u, ah, sbs + wgp::Th, kC, 0, false);
+    product<1, kC>(u, ah, sbs + wgp::Tl, kC, 0, true);
+    product<1, kC>(u, al, sbs + wgp::Th, kC, 0, true);
+    product<1, kC>(y, ah, sbs + wgp::Ph, kC, 0, true);
+    product<1, kC>(y, ah, sbs + wgp::Pl, kC, 0, true);
+    product<1, kC>(y, al, sbs + wgp::Ph, kC, 0, true);
     wbmma::wgmma_commit();
     wbmma::wgmma_wait<0>();
     fence_all();
@@ -2109,7 +2122,12 @@ cudaError_t launch_chunks(const GdnArgs* a, const float* h0, float* state, int s
   const size_t s1 = sizeof(float) * PrepSmem<K, QT>::floats;
   const int HV = a->HV, V = a->V;
   cudaError_t err;
-  if ((err = allow_smem(mma_prepare<K, QT>, s1)) != cudaSuccess) return err;
+  const int nw = pass_plan(seqs * HV, V, is_f32<QT>, sm_count());
+  // the wgmma pass (where it applies) reads Tinv and PT as bf16 halves (put_ws)
+  constexpr bool wgk = K == 128 && std::is_same<QT, __nv_bfloat16>::value;
+  const bool wg = wgk && nw == kWg && V == 128;
+  if ((err = wg ? allow_smem(mma_prepare<K, QT, wgk>, s1) : allow_smem(mma_prepare<K, QT>, s1)) != cudaSuccess)
+    return err;
   // prepare: a block per chunk and key head, for its HV / H value heads (packed: the launch's
   // NC = pk.nc chunks, all sequences)
   // (WORKBENCH_GDN_MMA_PREPARE=value-head: a block per value head, for the A/B)
@@ -2120,10 +2138,14 @@ cudaError_t launch_chunks(const GdnArgs* a, const float* h0, float* state, int s
   const int skip = !(se && !strcmp(se, "full"));
   // a launch of only empty sequences has no chunk to prepare; its pass still copies h0 (or zeros)
   // into their final states
-  if (chunks > 0)
-    WB_LAUNCH(chunks * (HV / hvs), kThreads, s1, s, mma_prepare<K, QT>)(
-        q, k, a->g, a->beta, a->nq, a->nk, a->tinv, a->T, a->H, HV, NC, hvs, skip, pk);
-  const int nw = pass_plan(seqs * HV, V, is_f32<QT>, sm_count());
+  if (chunks > 0) {
+    if (wg)
+      WB_LAUNCH(chunks * (HV / hvs), kThreads, s1, s, mma_prepare<K, QT, wgk>)(
+          q, k, a->g, a->beta, a->nq, a->nk, a->tinv, a->T, a->H, HV, NC, hvs, skip, pk);
+    else
+      WB_LAUNCH(chunks * (HV / hvs), kThreads, s1, s, mma_prepare<K, QT>)(
+          q, k, a->g, a->beta, a->nq, a->nk, a->tinv, a->T, a->H, HV, NC, hvs, skip, pk);
+  }
   // the pass launched to start beside prepare's last blocks (it waits for prepare's end before it
   // copies the workspace; after a launch of only empty sequences, which has no prepare, an
   // ordinary launch); WORKBENCH_GDN_MMA_PDL=off: an ordinary launch (A/Bs)
@@ -2131,7 +2153,7 @@ cudaError_t launch_chunks(const GdnArgs* a, const float* h0, float* state, int s
   const bool pdl = chunks > 0 && !(pd && !strcmp(pd, "off"));
   if (nw == kWg) {
     if constexpr (K == 128 && std::is_same<QT, __nv_bfloat16>::value)
-      if (V == 128) return launch_wgpass<QT>(a, h0, state, seqs, NC, pk, s, pdl);
+      if (wg) return launch_wgpass<QT>(a, h0, state, seqs, NC, pk, s, pdl);
     return launch_pass<K, QT, 32>(a, h0, state, seqs, NC, pk, s, pdl);
   }
   if (nw == 0) return launch_pass<K, QT, 32>(a, h0, state, seqs, NC, pk, s, pdl);
