@@ -669,14 +669,14 @@ __device__ __forceinline__ void put_ws(float* m, int i, int c, float2 x) {
 //   T = R_I - sum_{J<I} A_IJ Y_J (tf32 operands, float32 sums), Y_I = (I + A_II)^-1 T,
 // with A's blocks below the diagonal blocks and the inverse diagonal blocks Xd (row stride kPS)
 // already rounded to tf32. Y (rounded to tf32) goes to columns c0.. of the workspace matrix out
-// (float32; null: only to R), every row.
+// (float32; OUT false: only to R), every row.
 // The right-hand sides are columns c0.. of the identity (c0 a multiple of 32), formed here (R's
 // rows are only written, each before it is read as Y). skip: the blocks above row block
 // I0 = c0 / 16 are zero and Y_I0 is [X_I0 | 0] (its T is the identity's [I | 0]: the product
 // with it gives X_I0's own tf32 values, the zero columns +0), so they are written as such rather
 // than formed by a product each: the same bits, one stage of four fewer on warp 0's chain (the
 // longest); WORKBENCH_GDN_MMA_SOLVE=full forms every block (A/Bs).
-template <int LDR>
+template <int LDR, bool OUT>
 __device__ __forceinline__ void solve_block_columns(const float* As, const float* Xd, float* R,
                                                     float* out, int lane, int c0, bool skip) {
   const int gq = lane >> 2, tq = lane & 3;
@@ -693,7 +693,7 @@ __device__ __forceinline__ void solve_block_columns(const float* As, const float
                                 ? *reinterpret_cast<const float2*>(Xd + i * kPS + c0 + c)
                                 : make_float2(0.f, 0.f);
           *reinterpret_cast<float2*>(R + i * LDR + c) = yr;
-          if (out) put_ws<false>(out, i, c0 + c, yr);
+          if constexpr (OUT) put_ws<false>(out, i, c0 + c, yr);
         }
       __syncwarp();
       continue;
@@ -722,7 +722,7 @@ __device__ __forceinline__ void solve_block_columns(const float* As, const float
         const int i = 16 * I + gq + 8 * hf, c = nt * 8 + 2 * tq;
         const float2 yr = make_float2(rtf32(y[0][nt][2 * hf]), rtf32(y[0][nt][2 * hf + 1]));
         *reinterpret_cast<float2*>(R + i * LDR + c) = yr;
-        if (out) put_ws<false>(out, i, c0 + c, yr);
+        if constexpr (OUT) put_ws<false>(out, i, c0 + c, yr);
       }
     __syncwarp();  // Y_I is visible to the warp before the next block reads it
   }
@@ -870,7 +870,7 @@ mma_prepare(const QT* __restrict__ q, const QT* __restrict__ k, const float* __r
       // 2-3, and each warp's substitution reads all four, so the two warps meet first (named
       // barrier)
       named_sync<1, 64>();
-      solve_block_columns<kTS>(As, Xs, Ts + 32 * w, HALVES ? nullptr : out, lane, 32 * w, skip);
+      solve_block_columns<kTS, !HALVES>(As, Xs, Ts + 32 * w, out, lane, 32 * w, skip);
     } else {  // warps 2-7: P, one 16 x 32 tile each of the six on or below the diagonal
 #pragma unroll
       for (int nt = 0; nt < 4; ++nt)

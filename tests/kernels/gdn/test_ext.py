@@ -47,10 +47,11 @@ def test_cuda_source_compiles():
 
 @pytest.mark.skipif(_native.find_nvcc() is None, reason="nvcc not found")
 def test_cuda_mma_kernels_keep_registers(tmp_path):
-    """The mma path's prepare and both passes (every K, element type and block width) compile for
+    """The mma path's prepare and the passes (every K, element type and block width) compile for
     sm_90 without local-memory spills (ptxas's report): the passes keep the state and their
     products in registers, and a spill would put them in local memory; shared memory is checked
-    at compile time."""
+    at compile time. The wgmma pass too, and ptxas serializes none of its wgmma (its C7517 /
+    C7519 notes: a register touched between two wgmma of a group)."""
     import re
     import subprocess
     # the build's own nvcc command (flags, WORKBENCH_CUDA_ARCH), with ptxas's resource report
@@ -58,13 +59,16 @@ def test_cuda_mma_kernels_keep_registers(tmp_path):
                            ["-Xptxas", "-v"])
     out = subprocess.run(cmd, capture_output=True, text=True, check=True).stderr
     reports = re.findall(r"Compiling entry function '(\S+)'.*?(\d+) bytes spill stores", out, re.S)
-    seen = {name for name, _ in reports if re.search(r"mma_(wpass|ppass|pass|prepare)ILi(64|128)E", name)}
+    seen = {name for name, _ in reports
+            if re.search(r"mma_(wpass|ppass|pass|prepare)ILi(64|128)E|mma_wgpassI", name)}
     kinds = {kind: [n for n in seen if re.search(rf"mma_{kind}I", n)]
-             for kind in ("prepare", "pass", "wpass", "ppass")}
-    # prepare: K 64/128 x fp32/bf16/fp16; the shared-memory pass: the same at 32 and 16 value
-    # columns a block; the warp-resident pass: 16-bit inputs at 2, 4 and 8 warps a block, fp32 at
-    # 2; the warp-pair pass: 16-bit inputs at 1, 2 and 4 pairs a block
-    assert [len(v) for v in kinds.values()] == [6, 12, 14, 12], sorted(seen)
+             for kind in ("prepare", "pass", "wpass", "ppass", "wgpass")}
+    # prepare: K 64/128 x fp32/bf16/fp16, and K 128 bf16 writing Tinv and PT in bf16 halves (for
+    # the wgmma pass); the shared-memory pass: the same at 32 and 16 value columns a block; the
+    # warp-resident pass: 16-bit inputs at 2, 4 and 8 warps a block, fp32 at 2; the warp-pair
+    # pass: 16-bit inputs at 1, 2 and 4 pairs a block; the wgmma pass: bf16
+    assert [len(v) for v in kinds.values()] == [7, 12, 14, 12, 1], sorted(seen)
+    assert "C7517" not in out and "C7519" not in out, "ptxas serialized wgmma"
     spills = [(name, n) for name, n in reports if name in seen and int(n)]
     assert not spills, spills
 
