@@ -1405,12 +1405,11 @@ mma_wgpass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restr
     cp_wait<0>();     // this thread's copies of chunk n
     wbmma::fence_async_smem();  // visible to wgmma (the async proxy)
     __syncthreads();  // everyone's; and every warp is done with chunk n - 1 (its stage)
+    if (n + 1 < sq.nc) issue(n + 1, st ^ 1);
     const float* fac = reinterpret_cast<const float*>(stg + wgp::F);
     const QT* Vs = reinterpret_cast<const QT*>(stg + wgp::Vs);
     const float *fek = fac, *feq = fac + kC, *fbt = fac + 2 * kC, *fd = fac + 3 * kC;
-    // Each wait below covers only the group the next step needs; between, a step touches only
-    // registers no product in flight reads or writes (else ptxas serializes the wgmma).
-    // X = S^T K^T (a group), Y = S^T Q^T (the next)
+    // X = S^T K^T, Y = S^T Q^T
     frags<1, 64>(s[0], sh), frags<1, 64>(s[1], sh, 4);
     frags_lo<64>(s[0], sl), frags_lo<64>(s[1], sl, 4);
 #pragma unroll
@@ -1419,65 +1418,57 @@ mma_wgpass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restr
     wbmma::wgmma_fence();
     product<1, K>(x, sh, sbs + wgp::Kt, kC, 0, false);
     product<1, K>(x, sl, sbs + wgp::Kt, kC, 0, true);
-    wbmma::wgmma_commit();
     product<1, K>(y, sh, sbs + wgp::Qt, kC, 0, false);
     product<1, K>(y, sl, sbs + wgp::Qt, kC, 0, true);
     wbmma::wgmma_commit();
-    wbmma::wgmma_wait<1>();  // X
-    fence_regs(x);
-    // R^T = beta (V^T - ek X) into x (Y still running)
+    wbmma::wgmma_wait<0>();
+    fence_all();
+    // R^T = beta (V^T - ek X) into x; Y *= eq
 #pragma unroll
     for (int i = 0; i < 32; ++i) {
       const int c = ccol(i);
       x[i] = fbt[c] * (to_f(Vs[c * wgp::SVS + vrow(i)]) - fek[c] * x[i]);
+      y[i] *= feq[c];
+      u[i] = 0.0f;
     }
-    wbmma::wgmma_wait<0>();  // Y
-    fence_regs(y);
     frags<1, kC>(x, ah);
     frags_lo<kC>(x, al);
-#pragma unroll
-    for (int i = 0; i < 32; ++i) y[i] *= feq[ccol(i)], u[i] = 0.0f;
-    // U^T = R^T Tinv^T (a group), Y += R^T PT^T (the next)
     fence_all();
     wbmma::wgmma_fence();
     product<1, kC>(u, ah, sbs + wgp::Th, kC, 0, false);
     product<1, kC>(u, ah, sbs + wgp::Tl, kC, 0, true);
     product<1, kC>(u, al, sbs + wgp::Th, kC, 0, true);
-    wbmma::wgmma_commit();
     product<1, kC>(y, ah, sbs + wgp::Ph, kC, 0, true);
     product<1, kC>(y, ah, sbs + wgp::Pl, kC, 0, true);
     product<1, kC>(y, al, sbs + wgp::Ph, kC, 0, true);
     wbmma::wgmma_commit();
-    wbmma::wgmma_wait<1>();  // U
-    fence_regs(u);
-    // the update's A, U^T diag(d), into sh / sl (free since X and Y; ah / al are still read)
-#pragma unroll
-    for (int i = 0; i < 32; ++i) u[i] *= fd[ccol(i)];
-    frags<1, kC>(u, sh);
-    frags_lo<kC>(u, sl);
-    const float el = fac[4 * kC];
-#pragma unroll
-    for (int hh = 0; hh < 2; ++hh)
-#pragma unroll
-      for (int i = 0; i < 32; ++i) s[hh][i] *= el;
-    wbmma::wgmma_wait<0>();  // Y
-    // S^T = el S^T + (U^T diag(d)) K (the key tile MN-major: B(k = c, n = the state's k))
+    wbmma::wgmma_wait<0>();
     fence_all();
-    wbmma::wgmma_fence();
-    product_t<kC>(s[0], sh, sbs + wgp::Kt, kC, 0, true);
-    product_t<kC>(s[1], sh, sbs + wgp::Kt, kC, 64, true);
-    product_t<kC>(s[0], sl, sbs + wgp::Kt, kC, 0, true);
-    product_t<kC>(s[1], sl, sbs + wgp::Kt, kC, 64, true);
-    wbmma::wgmma_commit();
-    // o = scale Y (positions c < L) and the next chunk's copies while the update runs
+    // o = scale Y (positions c < L)
     with_out_type(o, odt, [&](auto* op) {
 #pragma unroll
       for (int i = 0; i < 32; ++i)
         if (ccol(i) < L) put(op + gdn::v_index(b, t0 + ccol(i), hv, T, HV, V) + vrow(i), scale * y[i]);
     });
-    if (n + 1 < sq.nc) issue(n + 1, st ^ 1);
+    // S^T = el S^T + (U^T diag(d)) K (the key tile MN-major: B(k = c, n = the state's k))
+    const float el = fac[4 * kC];
+#pragma unroll
+    for (int i = 0; i < 32; ++i) u[i] *= fd[ccol(i)];
+    frags<1, kC>(u, ah);
+    frags_lo<kC>(u, al);
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+      for (int i = 0; i < 32; ++i) s[hh][i] *= el;
+    fence_all();
+    wbmma::wgmma_fence();
+    product_t<kC>(s[0], ah, sbs + wgp::Kt, kC, 0, true);
+    product_t<kC>(s[1], ah, sbs + wgp::Kt, kC, 64, true);
+    product_t<kC>(s[0], al, sbs + wgp::Kt, kC, 0, true);
+    product_t<kC>(s[1], al, sbs + wgp::Kt, kC, 64, true);
+    wbmma::wgmma_commit();
     wbmma::wgmma_wait<0>();
-    fence_regs(s[0]), fence_regs(s[1]);
+    fence_all();
   }
 #pragma unroll
   for (int hh = 0; hh < 2; ++hh)
