@@ -652,13 +652,23 @@ inline void wgmma_wait(int n) {
       const uint32_t x = peer(32 * w + 4 * g + (k % 8) / 2).a[(r >= 8 ? 1 : 0) + (k >= 8 ? 2 : 0)];
       return __uint_as_float((k % 2 ? x >> 16 : x & 0xffffu) << 16);
     };
+    // this thread's registers r = 4 j + 2 h + p: row 16 w + g + 8 h, column 8 j + 2 tq + p; the
+    // two rows' A read once, each column's B once for both rows (sums in k order, as before)
     const int w = me / 32, g = (me % 32) / 4, tq = me % 4;
-    for (int r = 0; r < op.n / 2; ++r) {
-      const int m = 16 * w + g + 8 * ((r / 2) % 2), col = 8 * (r / 4) + 2 * tq + r % 2;
-      float acc = op.scale_d ? op.d[r] : 0.0f;
-      for (int k = 0; k < KD; ++k) acc += A(m, k) * wg_b(dc, e, k, col, mn);
-      op.d[r] = acc;
-    }
+    float am[2][16];
+    for (int h = 0; h < 2; ++h)
+      for (int k = 0; k < KD; ++k) am[h][k] = A(16 * w + g + 8 * h, k);
+    for (int j = 0; j < op.n / 8; ++j)
+      for (int p = 0; p < 2; ++p) {
+        const int r0 = 4 * j + p, r1 = r0 + 2, col = 8 * j + 2 * tq + p;
+        float acc0 = op.scale_d ? op.d[r0] : 0.0f, acc1 = op.scale_d ? op.d[r1] : 0.0f;
+        for (int k = 0; k < KD; ++k) {
+          const float bk = wg_b(dc, e, k, col, mn);
+          acc0 += am[0][k] * bk;
+          acc1 += am[1][k] * bk;
+        }
+        op.d[r0] = acc0, op.d[r1] = acc1;
+      }
   }
   // every thread has read its peers' fragments before they drop their operations
   arrive_wait(b->wg_bar[wg_of(t)], 128, "wgmma.wait_group");
