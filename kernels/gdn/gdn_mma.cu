@@ -2126,8 +2126,6 @@ cudaError_t launch_chunks(const GdnArgs* a, const float* h0, float* state, int s
   // the wgmma pass (where it applies) reads Tinv and PT as bf16 halves (put_ws)
   constexpr bool wgk = K == 128 && std::is_same<QT, __nv_bfloat16>::value;
   const bool wg = wgk && nw == kWg && V == 128;
-  if ((err = wg ? allow_smem(mma_prepare<K, QT, wgk>, s1) : allow_smem(mma_prepare<K, QT>, s1)) != cudaSuccess)
-    return err;
   // prepare: a block per chunk and key head, for its HV / H value heads (packed: the launch's
   // NC = pk.nc chunks, all sequences)
   // (WORKBENCH_GDN_MMA_PREPARE=value-head: a block per value head, for the A/B)
@@ -2138,14 +2136,15 @@ cudaError_t launch_chunks(const GdnArgs* a, const float* h0, float* state, int s
   const int skip = !(se && !strcmp(se, "full"));
   // a launch of only empty sequences has no chunk to prepare; its pass still copies h0 (or zeros)
   // into their final states
-  if (chunks > 0) {
-    if (wg)
-      WB_LAUNCH(chunks * (HV / hvs), kThreads, s1, s, mma_prepare<K, QT, wgk>)(
+  auto prepare = [&](auto halves) {
+    constexpr bool HALVES = decltype(halves)::value;
+    const cudaError_t e = allow_smem(mma_prepare<K, QT, HALVES>, s1);
+    if (e == cudaSuccess && chunks > 0)
+      WB_LAUNCH(chunks * (HV / hvs), kThreads, s1, s, mma_prepare<K, QT, HALVES>)(
           q, k, a->g, a->beta, a->nq, a->nk, a->tinv, a->T, a->H, HV, NC, hvs, skip, pk);
-    else
-      WB_LAUNCH(chunks * (HV / hvs), kThreads, s1, s, mma_prepare<K, QT>)(
-          q, k, a->g, a->beta, a->nq, a->nk, a->tinv, a->T, a->H, HV, NC, hvs, skip, pk);
-  }
+    return e;
+  };
+  if ((err = wg ? prepare(std::bool_constant<wgk>{}) : prepare(std::false_type{})) != cudaSuccess) return err;
   // the pass launched to start beside prepare's last blocks (it waits for prepare's end before it
   // copies the workspace; after a launch of only empty sequences, which has no prepare, an
   // ordinary launch); WORKBENCH_GDN_MMA_PDL=off: an ordinary launch (A/Bs)
