@@ -146,8 +146,12 @@ case "$mode" in
     timeout 60 python3 benchmarks/gdn_wgmma_chunk.py --blocks 132 --chunks 256 --out "$out/gdn-wgmma-chunk-$day.json" 2>&1 | tail -2 | cut -c1-300
     stamp "$out/gdn-wgmma-chunk-$day.json"
     f="$out/gdn-pass-ab-$day-wgmma.json"
-    timeout "$((limit > 280 ? 280 : limit))" python3 benchmarks/gdn_pass_ab.py --variants auto wgmma --rounds 1 --out "$f" \
-      --only "B1 T8192" "B4 T4096" "B8 T1000" "64 seqs" "16 seqs" "5 seqs" 2>&1 | grep -E '^\{|summary' | cut -c1-300
+    # the wgmma pass's three forms (WORKBENCH_GDN_MMA_WG: sync, ws, pingpong), then the rule's pass
+    w=WORKBENCH_GDN_MMA_PASS=wgmma
+    timeout "$((limit > 300 ? 300 : limit))" python3 benchmarks/gdn_pass_ab.py --env X --rounds "${WG_ROUNDS:-1}" \
+      --variants "$w" "$w,WORKBENCH_GDN_MMA_WG=ws" "$w,WORKBENCH_GDN_MMA_WG=pingpong" WORKBENCH_GDN_MMA_PASS=auto \
+      --out "$f" --only ${WG_ONLY:-"B4 T4096" "B8 T1000" "64 seqs" "16 seqs" "5 seqs" "B1 T8192"} 2>&1 \
+      | grep -E '^\{|summary' | cut -c1-400
     stamp "$f"
     ;;
   clocks)

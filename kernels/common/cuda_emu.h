@@ -4,7 +4,7 @@
 // reaches a barrier or a warp-collective instruction and yields there until its peers arrive.
 //
 // What it models (and the kernels rely on):
-//   __syncthreads, named barriers (bar.sync id, n), __syncwarp, warp shuffles, wgmma (m64nNk8 tf32
+//   __syncthreads, named barriers (bar.sync id, n; bar.arrive id, n), __syncwarp, warp shuffles, wgmma (m64nNk8 tf32
 //   and m64nNk16 bf16, A from registers, B by shared-memory descriptor; below), mma.sync m16n8k8
 //   tf32 (the PTX fragment layouts; operands' low 13 bits ignored as the tensor cores do; the
 //   eight products, exact in float32, added to the accumulator one by one in k order in float32:
@@ -359,6 +359,11 @@ inline cudaError_t run_grid(dim3 grid, dim3 block, size_t smem, const std::funct
           break;
         }
       }
+      for (int id = 1; id < 16 && !b->failed; ++id)
+        if (b->named[id].arrived)
+          b->failed = true, b->why = "barrier " + std::to_string(id) + " left with " +
+                                     std::to_string(b->named[id].arrived) + " of " +
+                                     std::to_string(b->named[id].expected) + " arrivals";
       const bool failed = b->failed;
       if (failed) {
         last_failure() = "block (" + std::to_string(bx) + ", " + std::to_string(by) + "): " + b->why;
@@ -684,6 +689,25 @@ inline void named_barrier(int id, int count) {
   if (id < 0 || id >= 16 || count % 32 || count < 32 || count > b->nthreads)
     fail(b, "bar.sync " + std::to_string(id) + ", " + std::to_string(count) + ": not a valid barrier");
   arrive_wait(id == 0 ? b->block_bar : b->named[id], count, "bar.sync");
+}
+
+// bar.arrive id, count: this thread's arrival without waiting (a producer's signal); the barrier
+// completes, releasing the threads waiting at it by bar.sync, once count threads have arrived
+// either way. A block that ends with arrivals pending at a barrier fails (run_grid): the kernels'
+// protocols are to balance every arrival.
+inline void named_arrive(int id, int count) {
+  Block* b = cur();
+  if (id <= 0 || id >= 16 || count % 32 || count < 32 || count > b->nthreads)
+    fail(b, "bar.arrive " + std::to_string(id) + ", " + std::to_string(count) + ": not a valid barrier");
+  Barrier& bar = b->named[id];
+  if (bar.arrived == 0) bar.expected = count;
+  else if (bar.expected != count)
+    fail(b, "bar.arrive: threads arrive with different counts");
+  ++b->events;
+  if (++bar.arrived == bar.expected) {
+    bar.arrived = 0;
+    ++bar.gen;
+  }
 }
 
 }  // namespace wbemu

@@ -107,6 +107,24 @@ __device__ __forceinline__ void fence_async_smem() {
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 #endif
 }
+// setmaxnreg.{inc,dec}.sync.aligned.u32 N: the executing warpgroup's registers a thread become N
+// (a multiple of 8 in 24 .. 256), so that a warp-specialised block moves registers from a
+// warpgroup that only copies to those that compute; all four warps of the warpgroup run it. The
+// host model has no register file: nothing.
+template <int N>
+__device__ __forceinline__ void setmaxnreg_inc() {
+  static_assert(N % 8 == 0 && N >= 24 && N <= 256, "setmaxnreg's count");
+#if !defined(WB_CUDA_EMU) && WB_WGMMA_PTX
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(N));
+#endif
+}
+template <int N>
+__device__ __forceinline__ void setmaxnreg_dec() {
+  static_assert(N % 8 == 0 && N >= 24 && N <= 256, "setmaxnreg's count");
+#if !defined(WB_CUDA_EMU) && WB_WGMMA_PTX
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(N));
+#endif
+}
 __device__ __forceinline__ void wgmma_fence() {
 #if !defined(WB_CUDA_EMU) && WB_WGMMA_PTX
   asm volatile("wgmma.fence.sync.aligned;" ::: "memory");

@@ -380,6 +380,9 @@ template <int N>
 __device__ __forceinline__ void named_sync(int id) { wbemu::named_barrier(id, N); }
 template <int ID, int N>
 __device__ __forceinline__ void named_sync() { wbemu::named_barrier(ID, N); }
+// bar.arrive id, n: this thread's arrival at barrier id, without waiting (a producer's signal)
+template <int N>
+__device__ __forceinline__ void named_arrive(int id) { wbemu::named_arrive(id, N); }
 #else
 __device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;"); }
 template <int N>
@@ -391,6 +394,10 @@ __device__ __forceinline__ void named_sync(int id) {
 template <int ID, int N>
 __device__ __forceinline__ void named_sync() {
   asm volatile("bar.sync %0, %1;" ::"n"(ID), "n"(N) : "memory");
+}
+template <int N>
+__device__ __forceinline__ void named_arrive(int id) {
+  asm volatile("bar.arrive %0, %1;" ::"r"(id), "n"(N) : "memory");
 }
 #endif
 
@@ -1338,11 +1345,22 @@ __device__ __forceinline__ void cp16(void* d, uint32_t sa, const void* src) {
 #endif
 }
 
-template <typename QT>
-__global__ void __launch_bounds__(256, 1)
+// The wgmma pass's two forms (WORKBENCH_GDN_MMA_WG, read at each launch; A/Bs): WS false, the
+// two computing warpgroups issue the copies too and meet at a block barrier each chunk ("sync",
+// the second version); WS true, warp-specialised: a third warpgroup only copies (setmaxnreg moves
+// its registers to the two that compute) and the computing warpgroups meet no barrier but the
+// stages' (named barriers: FULL(st, wg) when the producer's copies of a chunk into stage st have
+// landed, the producer and that warpgroup's 128 threads; EMPTY(st) when both warpgroups are done
+// with it, all 384), so each runs at its own pace ("ws"); pp: the two also take turns to issue
+// their products (two more named barriers), so that one's products run on the tensor cores while
+// the other works on its registers ("pingpong"). Every thread's arithmetic is the same in all
+// three: the same bits.
+constexpr int kWgFull = 1, kWgEmpty = 5, kWgTurn = 7;  // named barrier ids: 1-4, 5-6, 7-8
+template <typename QT, bool WS>
+__global__ void __launch_bounds__(WS ? 384 : 256, 1)
 mma_wgpass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restrict__ v,
            const float* __restrict__ tinv, const float* h0, float* state, void* __restrict__ o,
-           int T, int H, int HV, int V, float scale, int odt, int NC, const Packed pk) {
+           int T, int H, int HV, int V, float scale, int odt, int NC, const Packed pk, int pp) {
   static_assert(sizeof(QT) == 2, "16-bit q, k, v");
   using namespace wbtile;
   constexpr int K = 128;
@@ -1353,23 +1371,15 @@ mma_wgpass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restr
   const SeqAt sq = pass_seq(pk, blockIdx.x, HV, T, NC);
   const int b = sq.b, hv = blockIdx.x % HV, h = hv / (HV / H), tend = sq.first + sq.len;
   const int tid = threadIdx.x, wg = tid / 128, w = (tid % 128) / 32, g = (tid % 32) / 4, tq = tid % 4;
-  // accumulator register i: the value row (the state's v, o's column) and the column (k, or c)
-  auto vrow = [&](int i) { return 64 * wg + 16 * w + g + 8 * ((i / 2) % 2); };
-  auto ccol = [&](int i) { return 8 * (i / 4) + 2 * tq + i % 2; };
-  const long at = gdn::state_index(sq.sb, hv, HV, K, V);
-  float s[2][32];
-#pragma unroll
-  for (int hh = 0; hh < 2; ++hh)
-#pragma unroll
-    for (int i = 0; i < 32; ++i) s[hh][i] = h0 ? h0[at + (long)(64 * hh + ccol(i)) * V + vrow(i)] : 0.0f;
-  wait_for_primary();  // prepare's workspace complete (a dependent launch; else nothing)
-  // chunk n's tiles into stage st (one commit group; rows c >= L zero)
-  auto issue = [&](int n, int st) {
+  // chunk n's tiles into stage st, by the nth threads (id: this one's index among them), one
+  // commit group; rows c >= L zero
+  auto issue = [&](int n, int st, int id, auto nth) {
+    constexpr int NTH = decltype(nth)::value;
     const int t0 = sq.first + n * kC, L = gdn::imin(kC, tend - t0);
     const float* ws = tinv + (sq.crow + n) * kChunkWs;
     uint8_t* d = sm + st * wgp::stage;
     const uint32_t ds = sb + st * wgp::stage;
-    for (int i = tid; i < kC * 16; i += 256) {  // row c, the 16-byte piece j of k (or of V's row)
+    for (int i = id; i < kC * 16; i += NTH) {  // row c, the 16-byte piece j of k (or of V's row)
       const int c = i / 16, j = i % 16;
       const uint32_t ok = wgp::Kt + b_offset<2>(8 * j, c, kC), oq = wgp::Qt + b_offset<2>(8 * j, c, kC),
                      ov = wgp::Vs + 2 * (c * wgp::SVS + 8 * j);
@@ -1385,27 +1395,68 @@ mma_wgpass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restr
       }
     }
     // Tinv's and PT's halves: four 64 x 64 bf16 matrices (hi, lo, hi, lo), row r's 16-byte piece j
-    for (int i = tid; i < 4 * kC * 8; i += 256) {
+    for (int i = id; i < 4 * kC * 8; i += NTH) {
       const int m = i / (kC * 8), r = (i / 8) % kC, j = i % 8;
       const uint32_t ot = wgp::Th + m * 8192 + b_offset<2>(8 * j, r, kC);
       cp16(d + ot, ds + ot, reinterpret_cast<const uint8_t*>(ws) + m * 8192 + r * 128 + 16 * j);
     }
-    for (int i = tid; i < kFacRows * kC / 4; i += 256)
+    for (int i = id; i < kFacRows * kC / 4; i += NTH)
       cp16(d + wgp::F + 16 * i, ds + wgp::F + 16 * i, ws + kFac + 4 * i);
     cp_commit();
   };
+  if constexpr (WS) {
+    if (wg == 2) {  // the producer: chunk n into stage n % 2 once both warpgroups are done with n - 2
+      wbmma::setmaxnreg_dec<40>();
+      wait_for_primary();  // prepare's workspace complete (a dependent launch; else nothing)
+      for (int n = 0; n < sq.nc; ++n) {
+        const int st = n & 1;
+        if (n >= 2) named_sync<384>(kWgEmpty + st);
+        issue(n, st, tid - 256, std::integral_constant<int, 128>{});
+        cp_wait<0>();
+        wbmma::fence_async_smem();  // visible to wgmma (the async proxy)
+        named_arrive<256>(kWgFull + 2 * st);
+        named_arrive<256>(kWgFull + 2 * st + 1);
+      }
+      return;
+    }
+    wbmma::setmaxnreg_inc<232>();
+  }
+  // accumulator register i: the value row (the state's v, o's column) and the column (k, or c)
+  auto vrow = [&](int i) { return 64 * wg + 16 * w + g + 8 * ((i / 2) % 2); };
+  auto ccol = [&](int i) { return 8 * (i / 4) + 2 * tq + i % 2; };
+  const long at = gdn::state_index(sq.sb, hv, HV, K, V);
+  float s[2][32];
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+    for (int i = 0; i < 32; ++i) s[hh][i] = h0 ? h0[at + (long)(64 * hh + ccol(i)) * V + vrow(i)] : 0.0f;
+  if constexpr (!WS) wait_for_primary();
+  // ping-pong: this warpgroup's turn to issue products (barrier kWgTurn + wg: its 128 threads wait,
+  // the other's arrive once they have issued theirs); warpgroup 1 lets warpgroup 0 go first
+  const bool turns = WS && pp && sq.nc > 0;
+  auto my_turn = [&]() {
+    if (turns) named_sync<256>(kWgTurn + wg);
+  };
+  auto their_turn = [&](bool last) {
+    if (turns && !(last && wg == 1)) named_arrive<256>(kWgTurn + (wg ^ 1));
+  };
+  if (turns && wg == 1) named_arrive<256>(kWgTurn);
   float x[32], y[32], u[32];
   uint32_t sh[8][4], sl[8][4], ah[4][4], al[4][4];
   auto fence_all = [&]() { fence_regs(s[0]), fence_regs(s[1]), fence_regs(x), fence_regs(y), fence_regs(u); };
-  if (sq.nc > 0) issue(0, 0);
+  if (!WS && sq.nc > 0) issue(0, 0, tid, std::integral_constant<int, 256>{});
   for (int n = 0; n < sq.nc; ++n) {
     const int t0 = sq.first + n * kC, L = gdn::imin(kC, tend - t0), st = n & 1;
     const uint8_t* stg = sm + st * wgp::stage;
     const uint32_t sbs = sb + st * wgp::stage;
-    cp_wait<0>();     // this thread's copies of chunk n
-    wbmma::fence_async_smem();  // visible to wgmma (the async proxy)
-    __syncthreads();  // everyone's; and every warp is done with chunk n - 1 (its stage)
-    if (n + 1 < sq.nc) issue(n + 1, st ^ 1);
+    if constexpr (WS) {
+      named_sync<256>(kWgFull + 2 * st + wg);  // the producer's copies of chunk n have landed
+    } else {
+      cp_wait<0>();     // this thread's copies of chunk n
+      wbmma::fence_async_smem();  // visible to wgmma (the async proxy)
+      __syncthreads();  // everyone's; and every warp is done with chunk n - 1 (its stage)
+      if (n + 1 < sq.nc) issue(n + 1, st ^ 1, tid, std::integral_constant<int, 256>{});
+    }
     const float* fac = reinterpret_cast<const float*>(stg + wgp::F);
     const QT* Vs = reinterpret_cast<const QT*>(stg + wgp::Vs);
     const float *fek = fac, *feq = fac + kC, *fbt = fac + 2 * kC, *fd = fac + 3 * kC;
@@ -1415,12 +1466,14 @@ mma_wgpass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restr
 #pragma unroll
     for (int i = 0; i < 32; ++i) x[i] = y[i] = 0.0f;
     fence_all();
+    my_turn();
     wbmma::wgmma_fence();
     product<1, K>(x, sh, sbs + wgp::Kt, kC, 0, false);
     product<1, K>(x, sl, sbs + wgp::Kt, kC, 0, true);
     product<1, K>(y, sh, sbs + wgp::Qt, kC, 0, false);
     product<1, K>(y, sl, sbs + wgp::Qt, kC, 0, true);
     wbmma::wgmma_commit();
+    their_turn(false);
     wbmma::wgmma_wait<0>();
     fence_all();
     // R^T = beta (V^T - ek X) into x; Y *= eq
@@ -1434,6 +1487,7 @@ mma_wgpass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restr
     frags<1, kC>(x, ah);
     frags_lo<kC>(x, al);
     fence_all();
+    my_turn();
     wbmma::wgmma_fence();
     product<1, kC>(u, ah, sbs + wgp::Th, kC, 0, false);
     product<1, kC>(u, ah, sbs + wgp::Tl, kC, 0, true);
@@ -1442,6 +1496,7 @@ mma_wgpass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restr
     product<1, kC>(y, ah, sbs + wgp::Pl, kC, 0, true);
     product<1, kC>(y, al, sbs + wgp::Ph, kC, 0, true);
     wbmma::wgmma_commit();
+    their_turn(false);
     wbmma::wgmma_wait<0>();
     fence_all();
     // o = scale Y (positions c < L)
@@ -1461,14 +1516,18 @@ mma_wgpass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restr
 #pragma unroll
       for (int i = 0; i < 32; ++i) s[hh][i] *= el;
     fence_all();
+    my_turn();
     wbmma::wgmma_fence();
     product_t<kC>(s[0], ah, sbs + wgp::Kt, kC, 0, true);
     product_t<kC>(s[1], ah, sbs + wgp::Kt, kC, 64, true);
     product_t<kC>(s[0], al, sbs + wgp::Kt, kC, 0, true);
     product_t<kC>(s[1], al, sbs + wgp::Kt, kC, 64, true);
     wbmma::wgmma_commit();
+    their_turn(n + 1 == sq.nc);
     wbmma::wgmma_wait<0>();
     fence_all();
+    if constexpr (WS)
+      if (n + 2 < sq.nc) named_arrive<384>(kWgEmpty + st);  // this warpgroup is done with stage st
   }
 #pragma unroll
   for (int hh = 0; hh < 2; ++hh)
@@ -2072,16 +2131,28 @@ cudaError_t launch_ppass(const GdnArgs* a, const float* h0, float* state, int se
   }
 }
 
+// The wgmma pass's form (WORKBENCH_GDN_MMA_WG, read at each launch; A/Bs; mma_wgpass): 0 "sync",
+// 1 "ws" (warp-specialised), 2 "pingpong" (and the warpgroups taking turns); anything else: sync.
+int wg_form() {
+  const char* e = getenv("WORKBENCH_GDN_MMA_WG");
+  return e && !strcmp(e, "ws") ? 1 : e && !strcmp(e, "pingpong") ? 2 : 0;
+}
+
 template <typename QT>
 cudaError_t launch_wgpass(const GdnArgs* a, const float* h0, float* state, int seqs, int NC,
                           const Packed& pk, cudaStream_t s, bool pdl) {
   constexpr size_t bytes = wgp::bytes + 1024;  // and the 1024-byte alignment of the swizzled tiles
   static_assert(bytes <= 227 * 1024, "the wgmma pass's shared memory");
-  cudaError_t err = allow_smem(mma_wgpass<QT>, bytes);
-  if (err != cudaSuccess) return err;
-  return WB_LAUNCH_PDL(dim3(seqs * a->HV), 256, bytes, s, pdl, mma_wgpass<QT>)(
-      static_cast<const QT*>(a->q), static_cast<const QT*>(a->k), static_cast<const QT*>(a->v),
-      a->tinv, h0, state, a->o, a->T, a->H, a->HV, a->V, a->scale, a->o_dtype, NC, pk);
+  const int form = wg_form();
+  auto go = [&](auto ws) -> cudaError_t {
+    constexpr bool WS = decltype(ws)::value;
+    cudaError_t err = allow_smem(mma_wgpass<QT, WS>, bytes);
+    if (err != cudaSuccess) return err;
+    return WB_LAUNCH_PDL(dim3(seqs * a->HV), WS ? 384 : 256, bytes, s, pdl, mma_wgpass<QT, WS>)(
+        static_cast<const QT*>(a->q), static_cast<const QT*>(a->k), static_cast<const QT*>(a->v),
+        a->tinv, h0, state, a->o, a->T, a->H, a->HV, a->V, a->scale, a->o_dtype, NC, pk, form == 2 ? 1 : 0);
+  };
+  return form ? go(std::true_type{}) : go(std::false_type{});
 }
 
 template <int K, typename QT, int BV>

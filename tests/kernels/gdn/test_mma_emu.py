@@ -405,6 +405,46 @@ def test_gpu_dependent_launch(mma_pass, monkeypatch):
         assert torch.equal(w[0], r[0]) and torch.equal(w[1], r[1])
 
 
+@pytest.mark.gpu
+def test_gpu_wgmma_pass_forms_are_one(monkeypatch):
+    """On the GPU, the wgmma pass warp-specialised (WORKBENCH_GDN_MMA_WG=ws) and with its two
+    computing warpgroups taking turns (=pingpong) gives the bits of its block-barrier form (sync),
+    for a batch (47 chunks, the last partial) and a packed batch with empty and one-token
+    sequences, called eagerly and (pingpong) replayed from a CUDA graph."""
+    from workbench.kernels import gdn
+    monkeypatch.setenv("WORKBENCH_GDN_CUDA_PATH", "mma")
+    monkeypatch.setenv("WORKBENCH_GDN_MMA_PASS", "wgmma")
+    x = {n: t.cuda() for n, t in make_inputs(2, 3001, 4, 8, 128, 128, dtype=torch.bfloat16,
+                                                state=True, seed=19).items()}
+    p = {n: (t.cuda() if isinstance(t, torch.Tensor) else t) for n, t in
+         packed_inputs([0, 1, 700, 64, 0, 2500], H=4, HV=8, K=128, V=128, dtype=torch.bfloat16,
+                       seed=17).items()}
+
+    def both():
+        return (gdn.chunked(**x, qk_l2norm=True, backend="ext"),
+                gdn.chunked(**p, qk_l2norm=True, backend="ext"))
+
+    want = both()
+    for form in WG_FORMS:
+        monkeypatch.setenv("WORKBENCH_GDN_MMA_WG", form)
+        got = both()
+        for w, g in zip(want, got):
+            assert torch.isfinite(w[0].float()).all()
+            assert torch.equal(w[0], g[0]) and torch.equal(w[1], g[1]), form
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        both()
+        with torch.cuda.graph(graph, stream=stream):
+            replayed = both()
+    graph.replay()
+    torch.cuda.synchronize()
+    for w, r in zip(want, replayed):
+        assert torch.equal(w[0], r[0]) and torch.equal(w[1], r[1])
+
+
 def benchmark_module(name: str):
     """benchmarks/<name>.py loaded as a module (the benchmarks are scripts, not a package)."""
     import importlib.util
@@ -500,6 +540,29 @@ def test_emulated_wgmma_pass_packed_is_sequences_alone(monkeypatch):
         oi, si = run({**one, "initial_state": x["initial_state"][i:i + 1]}, "wgmma", monkeypatch,
                      output_dtype=torch.float32)
         assert torch.equal(oi, o[:, a:e]) and torch.equal(si, s[i:i + 1]), i
+
+
+WG_FORMS = ["ws", "pingpong"]
+
+
+@pytest.mark.parametrize("form", WG_FORMS)
+def test_emulated_wgmma_pass_forms_are_one(form, monkeypatch):
+    """The wgmma pass warp-specialised (WORKBENCH_GDN_MMA_WG=ws: a third warpgroup issues the
+    copies, the computing warpgroups meet only at the stages' named barriers) and with the two
+    taking turns to issue their products (=pingpong) gives the bits of the block-barrier form, with
+    the warps in lockstep and drifting apart with copies landing at issue (where a stage refilled
+    before both warpgroups are done with it shows): a packed batch of a four-chunk sequence (each
+    stage refilled), an empty one and a one-token one. Every arrival at a named barrier is matched
+    (the emulation fails a block that leaves one pending)."""
+    x = packed_inputs([230, 0, 1], H=1, HV=2, K=128, V=128, dtype=torch.bfloat16, seed=23)
+    want = run(x, "wgmma", monkeypatch, output_dtype=torch.float32)
+    assert torch.isfinite(want[0]).all() and torch.isfinite(want[1]).all()
+    monkeypatch.setenv("WORKBENCH_GDN_MMA_WG", form)
+    for sched, cp in (("lockstep", "late"), ("skew", "eager")):
+        monkeypatch.setenv("WB_EMU_SCHED", sched)
+        monkeypatch.setenv("WB_EMU_CP", cp)
+        got = run(x, "wgmma", monkeypatch, output_dtype=torch.float32)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), (form, sched, cp)
 
 
 @pytest.mark.parametrize("K,V,dtype", [(64, 64, torch.bfloat16), (128, 128, torch.float16)],
