@@ -309,17 +309,14 @@ MUTATIONS = [
 ]
 
 
-@pytest.mark.slow
-def test_emulation_catches_mutants(tmp_path, monkeypatch):
-    """The schedules above are not vacuous: gdn_mma.cu with its copy waits and barriers taken out
-    (those of the computing warps and of the warps launched to copy), built under the emulation,
-    gives wrong results where the schedule exposes it (late copies for the missing waits, drifting
-    warps for the early copy, any schedule for the missing pair barrier), whichever warps copy."""
+def mutant_library(tmp_path, mutations):
+    """The emulation's library built from gdn_mma.cu with the mutations applied (each (text,
+    replacement, count) checked to occur count times)."""
     import ctypes
     import subprocess
 
     src = (_native.source_dir() / "gdn" / "gdn_mma.cu").read_text()
-    for old, new, count in MUTATIONS:
+    for old, new, count in mutations:
         assert src.count(old) == count, old
         src = src.replace(old, new)
     (tmp_path / "gdn").mkdir()
@@ -331,7 +328,16 @@ def test_emulation_catches_mutants(tmp_path, monkeypatch):
     # the mutant's directory first, so that "gdn/gdn_mma.cu" is the mutant
     cmd.insert(1, f"-I{tmp_path}")
     subprocess.run(cmd, check=True, capture_output=True)
-    lib = mma_emu.library(ctypes.CDLL(str(out)))
+    return mma_emu.library(ctypes.CDLL(str(out)))
+
+
+@pytest.mark.slow
+def test_emulation_catches_mutants(tmp_path, monkeypatch):
+    """The schedules above are not vacuous: gdn_mma.cu with its copy waits and barriers taken out
+    (those of the computing warps and of the warps launched to copy), built under the emulation,
+    gives wrong results where the schedule exposes it (late copies for the missing waits, drifting
+    warps for the early copy, any schedule for the missing pair barrier), whichever warps copy."""
+    lib = mutant_library(tmp_path, MUTATIONS)
     monkeypatch.setenv("WB_EMU_SMS", "1")
     x = make_inputs(1, 200, 1, 2, 64, 64, dtype=torch.bfloat16, state=True, seed=7)
     ro, _ = oracle.chunked(**x, qk_l2norm=True)
@@ -563,6 +569,36 @@ def test_emulated_wgmma_pass_forms_are_one(form, monkeypatch):
         monkeypatch.setenv("WB_EMU_CP", cp)
         got = run(x, "wgmma", monkeypatch, output_dtype=torch.float32)
         assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), (form, sched, cp)
+
+
+# the warp-specialised wgmma pass's producer: it refills a stage before both warpgroups are done
+# with it (shows with copies landing at issue), or tells them a stage is full before its copies
+# have landed (shows with copies landing at the wait)
+WG_MUTATIONS = {
+    "early refill": ("        if (n >= 2) named_sync<384>(kWgEmpty + st);\n"
+                     "        issue(n, st, tid - 256, std::integral_constant<int, 128>{});\n",
+                     "        issue(n, st, tid - 256, std::integral_constant<int, 128>{});\n"
+                     "        if (n >= 2) named_sync<384>(kWgEmpty + st);\n", "eager"),
+    "full too soon": ("        cp_wait<0>();\n        wbmma::fence_async_smem();  // visible to wgmma "
+                      "(the async proxy)\n        named_arrive",
+                      "        named_arrive", "late"),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mutant", list(WG_MUTATIONS))
+def test_emulation_catches_wgmma_pass_mutants(mutant, tmp_path, monkeypatch):
+    """test_emulated_wgmma_pass_forms_are_one's schedules are not vacuous for the producer's
+    protocol: each mutant above gives another result under the schedule that exposes it."""
+    old, new, cp = WG_MUTATIONS[mutant]
+    lib = mutant_library(tmp_path, [(old, new, 1)])
+    x = packed_inputs([230, 0, 1], H=1, HV=2, K=128, V=128, dtype=torch.bfloat16, seed=23)
+    want = run(x, "wgmma", monkeypatch, output_dtype=torch.float32)
+    monkeypatch.setenv("WORKBENCH_GDN_MMA_WG", "ws")
+    monkeypatch.setenv("WB_EMU_SCHED", "skew")
+    monkeypatch.setenv("WB_EMU_CP", cp)
+    o = run(x, "wgmma", monkeypatch, output_dtype=torch.float32, lib=lib)[0]
+    assert not torch.isfinite(o).all() or workbench.compare(want[0], o).rel_l2 > 1e-3, mutant
 
 
 @pytest.mark.parametrize("K,V,dtype", [(64, 64, torch.bfloat16), (128, 128, torch.float16)],
