@@ -140,17 +140,19 @@ case "$mode" in
     ;;
   wgmma)
     # the tests mode, for the wgmma tests (gpu-tests-DAY-wgmma.txt)
-    TESTS_K=wgmma TESTS_NAME=wgmma SESSION_LIMIT=200 bash "$0" tests -s -rA tests/kernels/test_cuda_emu.py \
+    TESTS_K="wgmma or wgcols" TESTS_NAME=wgmma SESSION_LIMIT=200 bash "$0" tests -s -rA tests/kernels/test_cuda_emu.py \
       tests/kernels/gdn/test_mma_emu.py tests/kernels/gdn/test_wgmma_chunk.py
     grep -E "passed|failed|wgmma \(" "$out/gpu-tests-$day-wgmma.txt" | cut -c1-200 | tail -24
     timeout 60 python3 benchmarks/gdn_wgmma_chunk.py --blocks 132 --chunks 256 --out "$out/gdn-wgmma-chunk-$day.json" 2>&1 | tail -2 | cut -c1-300
     stamp "$out/gdn-wgmma-chunk-$day.json"
     f="$out/gdn-pass-ab-$day-wgmma.json"
-    # the wgmma pass's three forms (WORKBENCH_GDN_MMA_WG: sync, ws, pingpong), then the rule's pass
+    # the wgmma pass's three forms (WORKBENCH_GDN_MMA_WG: sync, ws, pingpong), the column wgmma
+    # pass, then the rule's pass
     w=WORKBENCH_GDN_MMA_PASS=wgmma
     timeout "$((limit > 300 ? 300 : limit))" python3 benchmarks/gdn_pass_ab.py --env X --rounds "${WG_ROUNDS:-1}" \
-      --variants "$w" "$w,WORKBENCH_GDN_MMA_WG=ws" "$w,WORKBENCH_GDN_MMA_WG=pingpong" WORKBENCH_GDN_MMA_PASS=auto \
-      --out "$f" --only ${WG_ONLY:-"B4 T4096" "B8 T1000" "64 seqs" "16 seqs" "5 seqs" "B1 T8192"} 2>&1 \
+      --variants "$w" "$w,WORKBENCH_GDN_MMA_WG=ws" "$w,WORKBENCH_GDN_MMA_WG=pingpong" WORKBENCH_GDN_MMA_PASS=wgcols \
+      WORKBENCH_GDN_MMA_PASS=auto --out "$f" \
+      --only ${WG_ONLY:-K64 "B1 T8192" "B4 T4096" "B8 T1000" "5 seqs" "64 seqs" "16 seqs" HV48 HV64 "B2 T3001"} 2>&1 \
       | grep -E '^\{|summary' | cut -c1-400
     stamp "$f"
     ;;

@@ -1535,6 +1535,239 @@ mma_wgpass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restr
     for (int i = 0; i < 32; ++i) state[at + (long)(64 * hh + ccol(i)) * V + vrow(i)] = s[hh][i];
 }
 
+// ---------------------------------------------------- the column wgmma pass (K = 64 or 128)
+//
+// WORKBENCH_GDN_MMA_PASS=wgcols (forced only; bf16 q, k, v, else the shared-memory pass): one
+// warpgroup a block per (sequence, value head, BV value columns), the state S [K, BV] untransposed
+// in wgmma accumulators (K / 64 tiles of 64 x BV: BV / 2 registers a tile), so that the value
+// columns are the products' N and a head's columns spread over V / BV blocks (B1 HV32 at
+// K = V = 64: 128 blocks of 16 columns). Per chunk, bf16 operands in two halves (hi = bf16(x),
+// lo = bf16(x - hi)) where they are not bf16 already, as the wgmma pass's: A from registers
+// (ldmatrix of the chunk's tiles as given, or prepare's Tinv / PT halves), B the block's own
+// C x BV intermediates in shared memory, n-contiguous (MN-major, no swizzle: the transpose flag):
+//   X = K S, Y = Q S                      (A: keys, queries; B: S's halves)
+//   R = beta (V - ek X), Y *= eq          (to shared memory in halves)
+//   U = Tinv R, Y += PT R                 (A: Tinv's and PT's halves; B: R's; three products each)
+//   o = scale Y; S = el S + K^T (d U)     (A: the keys transposed by ldmatrix; B: d U's halves)
+// Two cp.async stages a chunk ahead (keys, queries, Tinv's and PT's halves, V's BV columns, the
+// factor rows); three block barriers a chunk (the B operands written by the threads, then read by
+// the warpgroup's wgmma).
+namespace wcp {
+// bytes: a stage's keys and queries (row stride K + 8 elements), Tinv hi / lo, PT hi / lo (row
+// stride 72), V's columns (rows of BV), the factor rows; then S's, R's and d U's halves
+template <int K, int BV>
+struct Smem {
+  static constexpr int SK = K + 8, ST = kC + 8;
+  static constexpr int Ks = 0, Qs = Ks + kC * SK * 2, T4 = Qs + kC * SK * 2, Vs = T4 + 4 * kC * ST * 2,
+                       F = Vs + kC * BV * 2, stage = (F + kFacRows * kC * 4 + 127) / 128 * 128;
+  static constexpr int Sb = 2 * stage, Rb = Sb + 2 * K * BV * 2, Ub = Rb + 2 * kC * BV * 2,
+                       bytes = Ub + 2 * kC * BV * 2;
+};
+// byte offset of element (k, n) of a B operand of N columns read MN-major without swizzle: core
+// matrices of 8 k x 16 bytes of n, pieces of n 128 bytes apart, groups of 8 k N / 8 x 128 apart
+template <int N>
+__device__ __forceinline__ int b_mn(int k, int n) {
+  return (k / 8) * (N / 8) * 128 + (n / 8) * 128 + (k % 8) * 16 + (n % 8) * 2;
+}
+template <int N>
+__device__ __forceinline__ uint64_t desc_mn(uint32_t sa, int j) {  // k step j (16 k)
+  return wbmma::smem_desc(sa + (uint32_t)j * 2 * (N / 8) * 128, (N / 8) * 128, 128, 0);
+}
+}  // namespace wcp
+
+template <int K, int BV>
+__global__ void __launch_bounds__(128, 1)
+mma_wcpass(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k,
+           const __nv_bfloat16* __restrict__ v, const float* __restrict__ tinv, const float* h0,
+           float* state, void* __restrict__ o, int T, int H, int HV, int V, float scale, int odt,
+           int NC, const Packed pk) {
+  using M = wcp::Smem<K, BV>;
+  using wbtile::bf16x2;
+  using wbtile::bf16_rest;
+  constexpr int MT = K / 64, NR = BV / 2, SK = M::SK, ST = M::ST;
+  WB_DYNAMIC_SMEM(float4, smem4);
+  uint8_t* sm = reinterpret_cast<uint8_t*>(smem4);
+  const uint32_t sb = wbmma::smem_u32(sm);
+  const SeqAt sq = pass_seq(pk, blockIdx.x, HV, T, NC);
+  const int b = sq.b, hv = blockIdx.x % HV, h = hv / (HV / H), c0 = blockIdx.y * BV;
+  const int tend = sq.first + sq.len;
+  const int tid = threadIdx.x, lane = tid % 32, w = tid / 32, g = lane / 4, tq = lane % 4;
+  // accumulator register i of a 64 x BV tile: row 16 w + g + 8 ((i / 2) % 2), column 8 (i / 4) + 2 tq + i % 2
+  auto arow = [&](int i) { return 16 * w + g + 8 * ((i / 2) % 2); };
+  auto acol = [&](int i) { return 8 * (i / 4) + 2 * tq + i % 2; };
+  // chunk n's tiles into stage st (one commit group; rows c >= L of k, q and V zero)
+  auto issue = [&](int n, int st) {
+    const int t0 = sq.first + n * kC, L = gdn::imin(kC, tend - t0);
+    const float* ws = tinv + (sq.crow + n) * kChunkWs;
+    uint8_t* d = sm + st * M::stage;
+    const uint32_t ds = sb + st * M::stage;
+    for (int i = tid; i < kC * K / 8; i += 128) {  // row c, 16-byte piece j of its keys and queries
+      const int c = i / (K / 8), j = i % (K / 8);
+      const int ok = M::Ks + 2 * (c * SK + 8 * j), oq = M::Qs + 2 * (c * SK + 8 * j);
+      if (c < L) {
+        const long qk = gdn::qk_index(b, t0 + c, h, T, H, K) + 8 * j;
+        cp16(d + ok, ds + ok, k + qk);
+        cp16(d + oq, ds + oq, q + qk);
+      } else {
+        *reinterpret_cast<uint4*>(d + ok) = make_uint4(0, 0, 0, 0);
+        *reinterpret_cast<uint4*>(d + oq) = make_uint4(0, 0, 0, 0);
+      }
+    }
+    for (int i = tid; i < kC * BV / 8; i += 128) {  // V's columns c0.., row c, piece j
+      const int c = i / (BV / 8), j = i % (BV / 8), ov = M::Vs + 2 * (c * BV + 8 * j);
+      if (c < L) cp16(d + ov, ds + ov, v + gdn::v_index(b, t0 + c, hv, T, HV, V) + c0 + 8 * j);
+      else *reinterpret_cast<uint4*>(d + ov) = make_uint4(0, 0, 0, 0);
+    }
+    // Tinv's and PT's halves (prepare's bf16 matrices: hi, lo, hi, lo, rows of 128 bytes)
+    for (int i = tid; i < 4 * kC * 8; i += 128) {
+      const int m = i / (kC * 8), r = (i / 8) % kC, j = i % 8, ot = M::T4 + 2 * ((m * kC + r) * ST + 8 * j);
+      cp16(d + ot, ds + ot, reinterpret_cast<const uint8_t*>(ws) + m * 8192 + r * 128 + 16 * j);
+    }
+    for (int i = tid; i < kFacRows * kC / 4; i += 128)
+      cp16(d + M::F + 16 * i, ds + M::F + 16 * i, ws + kFac + 4 * i);
+    cp_commit();
+  };
+  // an accumulator tile's halves into the MN-major B operand at byte offset hi (lo: + half), row
+  // offset r0 (S's tiles: 64 mt)
+  auto put_b = [&](const float (&d)[NR], int hi, int half, int r0) {
+#pragma unroll
+    for (int i = 0; i < NR; i += 2) {
+      const int at = hi + wcp::b_mn<BV>(r0 + arow(i), acol(i));
+      *reinterpret_cast<uint32_t*>(sm + at) = bf16x2(d[i], d[i + 1]);
+      *reinterpret_cast<uint32_t*>(sm + at + half) = bf16x2(bf16_rest(d[i]), bf16_rest(d[i + 1]));
+    }
+  };
+  constexpr int SH = K * BV * 2, CH = kC * BV * 2;  // bytes of one half: S's, R's / d U's
+  const long at = gdn::state_index(sq.sb, hv, HV, K, V) + c0;
+  float s[MT][NR];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int i = 0; i < NR; ++i) s[mt][i] = h0 ? h0[at + (long)(64 * mt + arow(i)) * V + acol(i)] : 0.0f;
+  wait_for_primary();  // prepare's workspace complete (a dependent launch; else nothing)
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) put_b(s[mt], M::Sb, SH, 64 * mt);
+  if (sq.nc > 0) issue(0, 0);
+  float x[NR], y[NR], u[NR];
+  uint32_t ak[K / 16][4], aq[K / 16][4], at4[4][4][4];
+  auto fence_all = [&]() {
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) wbtile::fence_regs(s[mt]);
+    wbtile::fence_regs(x), wbtile::fence_regs(y), wbtile::fence_regs(u);
+  };
+  for (int n = 0; n < sq.nc; ++n) {
+    const int t0 = sq.first + n * kC, L = gdn::imin(kC, tend - t0), st = n & 1;
+    uint8_t* stg = sm + st * M::stage;
+    cp_wait<0>();               // this thread's copies of chunk n
+    wbmma::fence_async_smem();  // they and S's halves visible to wgmma (the async proxy)
+    __syncthreads();            // everyone's; every thread is done with chunk n - 1's stage
+    if (n + 1 < sq.nc) issue(n + 1, st ^ 1);
+    const float* fac = reinterpret_cast<const float*>(stg + M::F);
+    const __nv_bfloat16* Vc = reinterpret_cast<const __nv_bfloat16*>(stg + M::Vs);
+    const float *fek = fac, *feq = fac + kC, *fbt = fac + 2 * kC, *fd = fac + 3 * kC;
+    // the keys' and queries' A fragments: rows 16 w.., k step j
+#pragma unroll
+    for (int j = 0; j < K / 16; ++j) {
+      const int r = 16 * w + lane % 8 + 8 * ((lane / 8) % 2), c = 16 * j + 8 * (lane / 16);
+      ldsm4<false>(ak[j], stg + M::Ks + 2 * (r * SK + c));
+      ldsm4<false>(aq[j], stg + M::Qs + 2 * (r * SK + c));
+    }
+#pragma unroll
+    for (int i = 0; i < NR; ++i) x[i] = y[i] = 0.0f;
+    fence_all();
+    wbmma::wgmma_fence();
+#pragma unroll
+    for (int j = 0; j < K / 16; ++j) {
+      wbmma::wgmma_bf16<BV, true>(x, ak[j], wcp::desc_mn<BV>(sb + M::Sb, j), j > 0);
+      wbmma::wgmma_bf16<BV, true>(x, ak[j], wcp::desc_mn<BV>(sb + M::Sb + SH, j), true);
+      wbmma::wgmma_bf16<BV, true>(y, aq[j], wcp::desc_mn<BV>(sb + M::Sb, j), j > 0);
+      wbmma::wgmma_bf16<BV, true>(y, aq[j], wcp::desc_mn<BV>(sb + M::Sb + SH, j), true);
+    }
+    wbmma::wgmma_commit();
+    wbmma::wgmma_wait<0>();
+    fence_all();
+    // R = beta (V - ek X) to shared memory in halves; Y *= eq
+#pragma unroll
+    for (int i = 0; i < NR; ++i) {
+      const int c = arow(i);
+      x[i] = fbt[c] * (to_f(Vc[c * BV + acol(i)]) - fek[c] * x[i]);
+      y[i] *= feq[c];
+      u[i] = 0.0f;
+    }
+    put_b(x, M::Rb, CH, 0);
+    // Tinv's and PT's A fragments (rows 16 w.., k step j)
+#pragma unroll
+    for (int m = 0; m < 4; ++m)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int r = 16 * w + lane % 8 + 8 * ((lane / 8) % 2), c = 16 * j + 8 * (lane / 16);
+        ldsm4<false>(at4[m][j], stg + M::T4 + 2 * ((m * kC + r) * ST + c));
+      }
+    wbmma::fence_async_smem();
+    __syncthreads();  // R's halves complete
+    fence_all();
+    wbmma::wgmma_fence();
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {  // U = Tinv R, Y += PT R: hi hi, hi lo, lo hi
+      const uint64_t rh = wcp::desc_mn<BV>(sb + M::Rb, j), rl = wcp::desc_mn<BV>(sb + M::Rb + CH, j);
+      wbmma::wgmma_bf16<BV, true>(u, at4[0][j], rh, true);
+      wbmma::wgmma_bf16<BV, true>(u, at4[0][j], rl, true);
+      wbmma::wgmma_bf16<BV, true>(u, at4[1][j], rh, true);
+      wbmma::wgmma_bf16<BV, true>(y, at4[2][j], rh, true);
+      wbmma::wgmma_bf16<BV, true>(y, at4[2][j], rl, true);
+      wbmma::wgmma_bf16<BV, true>(y, at4[3][j], rh, true);
+    }
+    wbmma::wgmma_commit();
+    wbmma::wgmma_wait<0>();
+    fence_all();
+    // o = scale Y (positions c < L, column pairs)
+    with_out_type(o, odt, [&](auto* op) {
+#pragma unroll
+      for (int i = 0; i < NR; i += 2)
+        if (arow(i) < L)
+          put2(op + gdn::v_index(b, t0 + arow(i), hv, T, HV, V) + c0 + acol(i), scale * y[i], scale * y[i + 1]);
+    });
+    // S = el S + K^T (d U): d U's halves to shared memory, then the keys transposed as A
+    const float el = fac[4 * kC];
+#pragma unroll
+    for (int i = 0; i < NR; ++i) u[i] *= fd[arow(i)];
+    put_b(u, M::Ub, CH, 0);
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int i = 0; i < NR; ++i) s[mt][i] *= el;
+    uint32_t kt[MT][4][4];  // A(k, c) = K[c][k]: rows 64 mt + 16 w.., k step j over positions
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int tile = lane / 8, c = 16 * j + lane % 8 + 8 * (tile / 2), kk = 64 * mt + 16 * w + 8 * (tile % 2);
+        ldsm4<true>(kt[mt][j], stg + M::Ks + 2 * (c * SK + kk));
+      }
+    wbmma::fence_async_smem();
+    __syncthreads();  // d U's halves complete
+    fence_all();
+    wbmma::wgmma_fence();
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        wbmma::wgmma_bf16<BV, true>(s[mt], kt[mt][j], wcp::desc_mn<BV>(sb + M::Ub, j), true);
+        wbmma::wgmma_bf16<BV, true>(s[mt], kt[mt][j], wcp::desc_mn<BV>(sb + M::Ub + CH, j), true);
+      }
+    wbmma::wgmma_commit();
+    wbmma::wgmma_wait<0>();
+    fence_all();
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) put_b(s[mt], M::Sb, SH, 64 * mt);  // for the next chunk
+  }
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int i = 0; i < NR; i += 2)
+      *reinterpret_cast<float2*>(state + at + (long)(64 * mt + arow(i)) * V + acol(i)) = make_float2(s[mt][i], s[mt][i + 1]);
+}
+
 // ------------------------------------------------------------------- the warp-resident pass
 
 // One stage of the warp-resident pass (two, alternating): a chunk's keys and queries (QT, as
@@ -2069,7 +2302,7 @@ int copy_producers() {
   return e && !strcmp(e, "producer") ? 1 : 2;
 }
 
-constexpr int kPair = 64, kWg = 128;
+constexpr int kPair = 64, kWg = 128, kWc = 256;
 // The block of the fewest waves over the SMs, then the fewest warps: warps 2, 4, .. wmax a block,
 // 16 value columns each warp (pair = false) or each two warps (pair = true).
 int fewest_waves(int BH, int V, int sms, int wmax, bool pair) {
@@ -2092,6 +2325,7 @@ int pass_plan(int BH, int V, bool f32, int sms) {
   if (forced("warp")) return warp;
   if (forced("pair")) return f32 ? warp : kPair | fewest_waves(BH, V, sms, 8, true);
   if (forced("wgmma")) return kWg;  // where it applies (launch_chunks), else the shared-memory pass
+  if (forced("wgcols")) return kWc;  // the same
   if (2L * BH * (V / 16) >= 5L * sms) return warp;
   return !f32 && 2L * BH * (V / 32) <= sms ? 1 : 0;
 }
@@ -2155,6 +2389,28 @@ cudaError_t launch_wgpass(const GdnArgs* a, const float* h0, float* state, int s
   return form ? go(std::true_type{}) : go(std::false_type{});
 }
 
+// The column wgmma pass: BV = 16 value columns a block where the blocks fit on the SMs in one
+// wave, else 32 (V allowing)
+template <int K>
+cudaError_t launch_wcpass(const GdnArgs* a, const float* h0, float* state, int seqs, int NC,
+                          const Packed& pk, cudaStream_t s, bool pdl) {
+  auto go = [&](auto bv) -> cudaError_t {
+    constexpr int BV = decltype(bv)::value;
+    constexpr size_t bytes = wcp::Smem<K, BV>::bytes;
+    static_assert(bytes <= 227 * 1024, "the column wgmma pass's shared memory");
+    cudaError_t err = allow_smem(mma_wcpass<K, BV>, bytes);
+    if (err != cudaSuccess) return err;
+    const dim3 grid(seqs * a->HV, a->V / BV);
+    return WB_LAUNCH_PDL(grid, 128, bytes, s, pdl, mma_wcpass<K, BV>)(
+        static_cast<const __nv_bfloat16*>(a->q), static_cast<const __nv_bfloat16*>(a->k),
+        static_cast<const __nv_bfloat16*>(a->v), a->tinv, h0, state, a->o, a->T, a->H, a->HV, a->V,
+        a->scale, a->o_dtype, NC, pk);
+  };
+  const long blocks16 = (long)seqs * a->HV * (a->V / 16);
+  return blocks16 <= sm_count() || a->V % 32 ? go(std::integral_constant<int, 16>{})
+                                              : go(std::integral_constant<int, 32>{});
+}
+
 template <int K, typename QT, int BV>
 cudaError_t launch_pass(const GdnArgs* a, const float* h0, float* state, int seqs, int NC,
                         const Packed& pk, cudaStream_t s, bool pdl) {
@@ -2194,9 +2450,10 @@ cudaError_t launch_chunks(const GdnArgs* a, const float* h0, float* state, int s
   const int HV = a->HV, V = a->V;
   cudaError_t err;
   const int nw = pass_plan(seqs * HV, V, is_f32<QT>, sm_count());
-  // the wgmma pass (where it applies) reads Tinv and PT as bf16 halves (put_ws)
-  constexpr bool wgk = K == 128 && std::is_same<QT, __nv_bfloat16>::value;
-  const bool wg = wgk && nw == kWg && V == 128;
+  // the wgmma passes (where they apply: bf16 q, k, v; the wgmma pass K = V = 128) read Tinv and
+  // PT as bf16 halves (put_ws)
+  constexpr bool wgk = std::is_same<QT, __nv_bfloat16>::value;
+  const bool wg = wgk && ((nw == kWg && K == 128 && V == 128) || nw == kWc);
   // prepare: a block per chunk and key head, for its HV / H value heads (packed: the launch's
   // NC = pk.nc chunks, all sequences)
   // (WORKBENCH_GDN_MMA_PREPARE=value-head: a block per value head, for the A/B)
@@ -2221,9 +2478,11 @@ cudaError_t launch_chunks(const GdnArgs* a, const float* h0, float* state, int s
   // ordinary launch); WORKBENCH_GDN_MMA_PDL=off: an ordinary launch (A/Bs)
   const char* pd = getenv("WORKBENCH_GDN_MMA_PDL");
   const bool pdl = chunks > 0 && !(pd && !strcmp(pd, "off"));
-  if (nw == kWg) {
+  if (nw == kWg || nw == kWc) {
     if constexpr (K == 128 && std::is_same<QT, __nv_bfloat16>::value)
-      if (wg) return launch_wgpass<QT>(a, h0, state, seqs, NC, pk, s, pdl);
+      if (wg && nw == kWg) return launch_wgpass<QT>(a, h0, state, seqs, NC, pk, s, pdl);
+    if constexpr (std::is_same<QT, __nv_bfloat16>::value)
+      if (wg && nw == kWc) return launch_wcpass<K>(a, h0, state, seqs, NC, pk, s, pdl);
     return launch_pass<K, QT, 32>(a, h0, state, seqs, NC, pk, s, pdl);
   }
   if (nw == 0) return launch_pass<K, QT, 32>(a, h0, state, seqs, NC, pk, s, pdl);

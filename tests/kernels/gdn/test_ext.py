@@ -60,14 +60,15 @@ def test_cuda_mma_kernels_keep_registers(tmp_path):
     out = subprocess.run(cmd, capture_output=True, text=True, check=True).stderr
     reports = re.findall(r"Compiling entry function '(\S+)'.*?(\d+) bytes spill stores", out, re.S)
     seen = {name for name, _ in reports
-            if re.search(r"mma_(wpass|ppass|pass|prepare)ILi(64|128)E|mma_wgpassI", name)}
+            if re.search(r"mma_(wpass|ppass|pass|prepare|wcpass)ILi(64|128)E|mma_wgpassI", name)}
     kinds = {kind: [n for n in seen if re.search(rf"mma_{kind}I", n)]
-             for kind in ("prepare", "pass", "wpass", "ppass", "wgpass")}
-    # prepare: K 64/128 x fp32/bf16/fp16, and K 128 bf16 writing Tinv and PT in bf16 halves (for
-    # the wgmma pass); the shared-memory pass: the same at 32 and 16 value columns a block; the
-    # warp-resident pass: 16-bit inputs at 2, 4 and 8 warps a block, fp32 at 2; the warp-pair
-    # pass: 16-bit inputs at 1, 2 and 4 pairs a block; the wgmma pass: bf16
-    assert [len(v) for v in kinds.values()] == [7, 12, 14, 12, 2], sorted(seen)
+             for kind in ("prepare", "pass", "wpass", "ppass", "wgpass", "wcpass")}
+    # prepare: K 64/128 x fp32/bf16/fp16, and K 64/128 bf16 writing Tinv and PT in bf16 halves
+    # (for the wgmma passes); the shared-memory pass: the same at 32 and 16 value columns a block;
+    # the warp-resident pass: 16-bit inputs at 2, 4 and 8 warps a block, fp32 at 2; the warp-pair
+    # pass: 16-bit inputs at 1, 2 and 4 pairs a block; the wgmma pass: bf16, its block-barrier and
+    # warp-specialised forms; the column wgmma pass: K 64/128 x 16/32 columns a block
+    assert [len(v) for v in kinds.values()] == [8, 12, 14, 12, 2, 4], sorted(seen)
     assert "C7517" not in out and "C7519" not in out, "ptxas serialized wgmma"
     spills = [(name, n) for name, n in reports if name in seen and int(n)]
     assert not spills, spills

@@ -353,7 +353,7 @@ def test_emulation_catches_mutants(tmp_path, monkeypatch):
             assert not torch.isfinite(o.float()).all() or workbench.compare(ro, o).rel_l2 > 1e-2, (p, copy)
 
 
-GPU_PASSES = PASSES + ["wgmma"]
+GPU_PASSES = PASSES + ["wgmma", "wgcols"]
 
 
 @pytest.mark.gpu
@@ -409,6 +409,23 @@ def test_gpu_dependent_launch(mma_pass, monkeypatch):
         assert torch.isfinite(w[0].float()).all()
         assert torch.equal(w[0], g[0]) and torch.equal(w[1], g[1])
         assert torch.equal(w[0], r[0]) and torch.equal(w[1], r[1])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("K,V", [(64, 64), (128, 96)])
+def test_emulated_wgcols_matches_the_gpu(K, V, monkeypatch):
+    """The column wgmma pass's emulation against the GPU at K = V = 64 (16-column blocks) and
+    K = 128, V = 96 with 32-column blocks (a grid past 132 SMs in 16-column blocks: 3 x 8 x 6),
+    an initial state, the norms in the kernel, partial last chunks: equal to float32 rounding."""
+    from workbench.kernels import gdn
+    monkeypatch.setenv("WORKBENCH_GDN_CUDA_PATH", "mma")
+    B = 2 if K == 64 else 3
+    x = make_inputs(B, 100, 2, 8, K, V, dtype=torch.bfloat16, state=True, seed=37)
+    monkeypatch.setenv("WB_EMU_SMS", str(torch.cuda.get_device_properties(0).multi_processor_count))
+    eo, es = run(x, "wgcols", monkeypatch, output_dtype=torch.float32)
+    go, gs = gdn.chunked(**{n: t.cuda() for n, t in x.items()}, qk_l2norm=True, backend="ext",
+                         policy=workbench.Policy(output_dtype="fp32"))
+    assert workbench.compare(eo, go.cpu()).rel_l2 <= 1e-4 and workbench.compare(es, gs.cpu()).rel_l2 <= 1e-5
 
 
 @pytest.mark.gpu
@@ -599,6 +616,56 @@ def test_emulation_catches_wgmma_pass_mutants(mutant, tmp_path, monkeypatch):
     monkeypatch.setenv("WB_EMU_CP", cp)
     o = run(x, "wgmma", monkeypatch, output_dtype=torch.float32, lib=lib)[0]
     assert not torch.isfinite(o).all() or workbench.compare(want[0], o).rel_l2 > 1e-3, mutant
+
+
+# ------------------------------------------------------- the column wgmma pass (forced only)
+
+@pytest.mark.parametrize("K,V,sms", [(64, 64, 132), (128, 128, 132), (128, 96, 1)],
+                         ids=["K64-bv16", "K128-bv16", "K128V96-bv32"])
+def test_emulated_wgcols_pass_against_oracle(K, V, sms, monkeypatch):
+    """The column wgmma pass (WORKBENCH_GDN_MMA_PASS=wgcols: the state untransposed in one
+    warpgroup's accumulators, 16 or 32 value columns a block as the products' N, bf16 operands in
+    two halves) under the emulation's wgmma model: closer to the oracle than the shared-memory
+    pass (o, and the state by far), an initial state and the norms in the kernel, a partial last
+    chunk; o in bf16 the rounding of its float32 o; the same bits with the warps drifting apart
+    and copies landing at issue; 32-column blocks where 16-column ones would not fit on the SMs."""
+    monkeypatch.setenv("WB_EMU_SMS", str(sms))
+    x = make_inputs(1, 150, 1, 2, K, V, dtype=torch.bfloat16, state=True, seed=11)
+    ro, rs = oracle.chunked(**x, qk_l2norm=True)
+    o, s = run(x, "wgcols", monkeypatch, output_dtype=torch.float32)
+    assert mma_emu.pass_of(1, 2, V, torch.bfloat16) == "wgcols"
+    so, ss = run(x, "smem", monkeypatch, output_dtype=torch.float32)
+    eo, es = workbench.compare(ro, o).rel_l2, workbench.compare(rs, s).rel_l2
+    assert eo <= 5e-4 and es <= 5e-5, (eo, es)
+    assert eo < workbench.compare(ro, so).rel_l2 and es < workbench.compare(rs, ss).rel_l2 / 5
+    ob, sb = run(x, "wgcols", monkeypatch)  # o in bf16, as the inputs
+    assert ob.dtype == torch.bfloat16 and torch.equal(sb, s) and torch.equal(ob, o.bfloat16())
+    monkeypatch.setenv("WB_EMU_SCHED", "skew")
+    monkeypatch.setenv("WB_EMU_CP", "eager")
+    os_, ss_ = run(x, "wgcols", monkeypatch, output_dtype=torch.float32)
+    assert torch.equal(os_, o) and torch.equal(ss_, s)
+
+
+def test_emulated_wgcols_pass_packed_is_sequences_alone(monkeypatch):
+    """A packed batch with an empty and a one-token sequence through the column wgmma pass: each
+    sequence's o and state the bits of the sequence alone; the empty one keeps its state."""
+    x = packed_inputs([70, 0, 1, 129], H=1, HV=2, K=64, V=64, dtype=torch.bfloat16, seed=61)
+    cu = x["cu_seqlens"]
+    o, s = run(x, "wgcols", monkeypatch, output_dtype=torch.float32)
+    assert torch.equal(s[1], x["initial_state"][1].float())
+    for i in (0, 2, 3):
+        a, e = cu[i], cu[i + 1]
+        one = {n: t[:, a:e] for n, t in x.items() if n in ("q", "k", "v", "g", "beta")}
+        oi, si = run({**one, "initial_state": x["initial_state"][i:i + 1]}, "wgcols", monkeypatch,
+                     output_dtype=torch.float32)
+        assert torch.equal(oi, o[:, a:e]) and torch.equal(si, s[i:i + 1]), i
+
+
+def test_emulated_wgcols_pass_elsewhere_is_the_smem_pass(monkeypatch):
+    """Forced with fp16 q, k, v (no bf16 wgmma operands), the launcher runs the shared-memory pass."""
+    x = make_inputs(1, 70, 1, 2, 64, 64, dtype=torch.float16, state=True, seed=5)
+    a, b = run(x, "wgcols", monkeypatch), run(x, "smem", monkeypatch)
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
 
 
 @pytest.mark.parametrize("K,V,dtype", [(64, 64, torch.bfloat16), (128, 128, torch.float16)],

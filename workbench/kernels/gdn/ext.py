@@ -152,7 +152,8 @@ def mma_pass(B: int, HV: int, V: int, dtype: torch.dtype, sms: int | None = None
     columns a block, bit for bit: with 16-bit inputs where 32-column blocks would fill at most
     half the SMs), ``"warpN"`` (the warp-resident pass, N warps a block) or
     ``"pairN"`` (the warp-pair pass, N warps a block, two a 16-column group; only when forced),
-    ``"wgmma"`` (the wgmma pass; only when forced), on
+    ``"wgmma"`` (the wgmma pass; only when forced), ``"wgcols"`` (the column wgmma pass; only
+    when forced), on
     a GPU of ``sms`` SMs (None: the current CUDA device's). The
     launcher's own rule (``kernels/gdn/gdn_mma.cu``, ``WORKBENCH_GDN_MMA_PASS`` included), asked
     of the CUDA build; needs nvcc, not a GPU, when ``sms`` is given."""
@@ -166,9 +167,12 @@ def mma_pass(B: int, HV: int, V: int, dtype: torch.dtype, sms: int | None = None
 def pass_name(code: int) -> str:
     """The name of a pass code of gdn_mma_pass_plan: 0 "smem", 1 "smem16", kPair (64) | N "pairN",
     kWg (128) "wgmma" (forced only; it runs where K = V = 128 with bf16 q, k, v, the shared-memory
-    pass elsewhere), else "warpN" (N warps a block)."""
+    pass elsewhere), kWc (256) "wgcols" (forced only; bf16 q, k, v, else the shared-memory pass),
+    else "warpN" (N warps a block)."""
     if code == 128:
         return "wgmma"
+    if code == 256:
+        return "wgcols"
     if code & 64:
         return f"pair{code & 63}"
     return {0: "smem", 1: "smem16"}.get(code, f"warp{code}")
