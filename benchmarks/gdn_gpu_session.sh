@@ -32,8 +32,11 @@
 #   OUT=$OUT bash benchmarks/gdn_gpu_session.sh wgmma    # the wgmma work in one call: the wgmma
 #                                                       # model against the tensor cores (every
 #                                                       # layout, MN-major included), the wgmma
-#                                                       # pass's GPU tests, the chunk-step products'
-#                                                       # timing, the pass against the rule's (A/B)
+#                                                       # passes' GPU tests, the wgmma pass's three
+#                                                       # forms and the column wgmma pass against
+#                                                       # the rule's (A/B, small grids, then large:
+#                                                       # WG_SMALL / WG_LARGE "a|b" shape filters);
+#                                                       # WG_CHUNK=1 adds the chunk-step timing
 #   OUT=$OUT bash benchmarks/gdn_gpu_session.sh phases [passes...]
 #                                                       # prepare / pass GPU time at B1 T8192 HV32,
 #                                                       # each pass forced (default: all four);
@@ -143,18 +146,25 @@ case "$mode" in
     TESTS_K="wgmma or wgcols" TESTS_NAME=wgmma SESSION_LIMIT=200 bash "$0" tests -s -rA tests/kernels/test_cuda_emu.py \
       tests/kernels/gdn/test_mma_emu.py tests/kernels/gdn/test_wgmma_chunk.py
     grep -E "passed|failed|wgmma \(" "$out/gpu-tests-$day-wgmma.txt" | cut -c1-200 | tail -24
-    timeout 60 python3 benchmarks/gdn_wgmma_chunk.py --blocks 132 --chunks 256 --out "$out/gdn-wgmma-chunk-$day.json" 2>&1 | tail -2 | cut -c1-300
-    stamp "$out/gdn-wgmma-chunk-$day.json"
-    f="$out/gdn-pass-ab-$day-wgmma.json"
+    if [ -n "${WG_CHUNK:-}" ]; then  # the chunk-step products' timing (measured on 2026-12-06)
+      timeout 60 python3 benchmarks/gdn_wgmma_chunk.py --blocks 132 --chunks 256 --out "$out/gdn-wgmma-chunk-$day.json" 2>&1 | tail -2 | cut -c1-300
+      stamp "$out/gdn-wgmma-chunk-$day.json"
+    fi
     # the wgmma pass's three forms (WORKBENCH_GDN_MMA_WG: sync, ws, pingpong), the column wgmma
-    # pass, then the rule's pass
+    # pass, then the rule's pass: the small grids first (where the column pass's blocks matter),
+    # then the large ones (a block of the wgmma pass an SM), each part its own file
     w=WORKBENCH_GDN_MMA_PASS=wgmma
-    timeout "$((limit > 300 ? 300 : limit))" python3 benchmarks/gdn_pass_ab.py --env X --rounds "${WG_ROUNDS:-1}" \
-      --variants "$w" "$w,WORKBENCH_GDN_MMA_WG=ws" "$w,WORKBENCH_GDN_MMA_WG=pingpong" WORKBENCH_GDN_MMA_PASS=wgcols \
-      WORKBENCH_GDN_MMA_PASS=auto --out "$f" \
-      --only ${WG_ONLY:-K64 "B1 T8192" "B4 T4096" "B8 T1000" "5 seqs" "64 seqs" "16 seqs" HV48 HV64 "B2 T3001"} 2>&1 \
-      | grep -E '^\{|summary' | cut -c1-400
-    stamp "$f"
+    part=0
+    for only in "${WG_SMALL:-K64|B1 T8192|HV48|B2 T3001}" "${WG_LARGE:-B4 T4096|B8 T1000|5 seqs|64 seqs}"; do
+      part=$((part + 1))
+      f="$out/gdn-pass-ab-$day-wgmma-$part.json"
+      IFS='|' read -r -a shapes <<< "$only"
+      timeout "${WG_AB_LIMIT:-170}" python3 benchmarks/gdn_pass_ab.py --env X --rounds "${WG_ROUNDS:-1}" \
+        --variants "$w" "$w,WORKBENCH_GDN_MMA_WG=ws" "$w,WORKBENCH_GDN_MMA_WG=pingpong" \
+        WORKBENCH_GDN_MMA_PASS=wgcols WORKBENCH_GDN_MMA_PASS=auto --out "$f" --only "${shapes[@]}" 2>&1 \
+        | grep -E '^\{|summary' | cut -c1-700
+      stamp "$f"
+    done
     ;;
   clocks)
     f="$out/gdn-clocks-$day.json"
