@@ -143,8 +143,10 @@ case "$mode" in
     ;;
   wgmma)
     # the tests mode, for the wgmma tests (gpu-tests-DAY-wgmma.txt)
-    TESTS_K="wgmma or wgcols" TESTS_NAME=wgmma SESSION_LIMIT=200 bash "$0" tests -s -rA tests/kernels/test_cuda_emu.py \
-      tests/kernels/gdn/test_mma_emu.py tests/kernels/gdn/test_wgmma_chunk.py
+    # (WG_TESTS: the test files, default the model's probe, the passes' tests and the chunk-step
+    # kernel's)
+    TESTS_K="wgmma or wgcols" TESTS_NAME=wgmma SESSION_LIMIT=${WG_TESTS_LIMIT:-200} bash "$0" tests -s -rA \
+      ${WG_TESTS:-tests/kernels/test_cuda_emu.py tests/kernels/gdn/test_mma_emu.py tests/kernels/gdn/test_wgmma_chunk.py}
     grep -E "passed|failed|wgmma \(" "$out/gpu-tests-$day-wgmma.txt" | cut -c1-200 | tail -24
     if [ -n "${WG_CHUNK:-}" ]; then  # the chunk-step products' timing (measured on 2026-12-06)
       timeout 60 python3 benchmarks/gdn_wgmma_chunk.py --blocks 132 --chunks 256 --out "$out/gdn-wgmma-chunk-$day.json" 2>&1 | tail -2 | cut -c1-300
