@@ -163,7 +163,8 @@ case "$mode" in
       IFS='|' read -r -a shapes <<< "$only"
       timeout "${WG_AB_LIMIT:-170}" python3 benchmarks/gdn_pass_ab.py --env X --rounds "${WG_ROUNDS:-1}" \
         --variants "$w" "$w,WORKBENCH_GDN_MMA_WG=ws" "$w,WORKBENCH_GDN_MMA_WG=pingpong" \
-        WORKBENCH_GDN_MMA_PASS=wgcols WORKBENCH_GDN_MMA_PASS=auto --out "$f" --only "${shapes[@]}" 2>&1 \
+        WORKBENCH_GDN_MMA_PASS=wgcols WORKBENCH_GDN_MMA_PASS=wgcols,WORKBENCH_GDN_MMA_COPY=warps \
+        WORKBENCH_GDN_MMA_PASS=auto --out "$f" --only "${shapes[@]}" 2>&1 \
         | grep -E '^\{|summary' | cut -c1-700
       stamp "$f"
     done

@@ -1550,8 +1550,10 @@ mma_wgpass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restr
 //   U = Tinv R, Y += PT R                 (A: Tinv's and PT's halves; B: R's; three products each)
 //   o = scale Y; S = el S + K^T (d U)     (A: the keys transposed by ldmatrix; B: d U's halves)
 // Two cp.async stages a chunk ahead (keys, queries, Tinv's and PT's halves, V's BV columns, the
-// factor rows); three block barriers a chunk (the B operands written by the threads, then read by
-// the warpgroup's wgmma).
+// factor rows), issued by a fifth warp (PROD; named barriers FULL / EMPTY a stage between it and
+// the warpgroup) or, with WORKBENCH_GDN_MMA_COPY=warps, by the warpgroup itself; three warpgroup
+// barriers a chunk (the B operands written by the threads, then read by the warpgroup's wgmma).
+// The same bits either way.
 namespace wcp {
 // bytes: a stage's keys and queries (row stride K + 8 elements), Tinv hi / lo, PT hi / lo (row
 // stride 72), V's columns (rows of BV), the factor rows; then S's, R's and d U's halves
@@ -1575,8 +1577,9 @@ __device__ __forceinline__ uint64_t desc_mn(uint32_t sa, int j) {  // k step j (
 }
 }  // namespace wcp
 
-template <int K, int BV>
-__global__ void __launch_bounds__(128, 1)
+constexpr int kWcFull = 1, kWcEmpty = 3, kWcBar = 5;  // named barriers of the producer form
+template <int K, int BV, bool PROD>
+__global__ void __launch_bounds__(PROD ? 160 : 128, 1)
 mma_wcpass(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k,
            const __nv_bfloat16* __restrict__ v, const float* __restrict__ tinv, const float* h0,
            float* state, void* __restrict__ o, int T, int H, int HV, int V, float scale, int odt,
@@ -1595,13 +1598,15 @@ mma_wcpass(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict_
   // accumulator register i of a 64 x BV tile: row 16 w + g + 8 ((i / 2) % 2), column 8 (i / 4) + 2 tq + i % 2
   auto arow = [&](int i) { return 16 * w + g + 8 * ((i / 2) % 2); };
   auto acol = [&](int i) { return 8 * (i / 4) + 2 * tq + i % 2; };
-  // chunk n's tiles into stage st (one commit group; rows c >= L of k, q and V zero)
-  auto issue = [&](int n, int st) {
+  // chunk n's tiles into stage st by the NTH threads (id: this one's index among them), one commit
+  // group; rows c >= L of k, q and V zero
+  auto issue = [&](int n, int st, int id, auto nth) {
+    constexpr int NTH = decltype(nth)::value;
     const int t0 = sq.first + n * kC, L = gdn::imin(kC, tend - t0);
     const float* ws = tinv + (sq.crow + n) * kChunkWs;
     uint8_t* d = sm + st * M::stage;
     const uint32_t ds = sb + st * M::stage;
-    for (int i = tid; i < kC * K / 8; i += 128) {  // row c, 16-byte piece j of its keys and queries
+    for (int i = id; i < kC * K / 8; i += NTH) {  // row c, 16-byte piece j of its keys and queries
       const int c = i / (K / 8), j = i % (K / 8);
       const int ok = M::Ks + 2 * (c * SK + 8 * j), oq = M::Qs + 2 * (c * SK + 8 * j);
       if (c < L) {
@@ -1613,17 +1618,17 @@ mma_wcpass(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict_
         *reinterpret_cast<uint4*>(d + oq) = make_uint4(0, 0, 0, 0);
       }
     }
-    for (int i = tid; i < kC * BV / 8; i += 128) {  // V's columns c0.., row c, piece j
+    for (int i = id; i < kC * BV / 8; i += NTH) {  // V's columns c0.., row c, piece j
       const int c = i / (BV / 8), j = i % (BV / 8), ov = M::Vs + 2 * (c * BV + 8 * j);
       if (c < L) cp16(d + ov, ds + ov, v + gdn::v_index(b, t0 + c, hv, T, HV, V) + c0 + 8 * j);
       else *reinterpret_cast<uint4*>(d + ov) = make_uint4(0, 0, 0, 0);
     }
     // Tinv's and PT's halves (prepare's bf16 matrices: hi, lo, hi, lo, rows of 128 bytes)
-    for (int i = tid; i < 4 * kC * 8; i += 128) {
+    for (int i = id; i < 4 * kC * 8; i += NTH) {
       const int m = i / (kC * 8), r = (i / 8) % kC, j = i % 8, ot = M::T4 + 2 * ((m * kC + r) * ST + 8 * j);
       cp16(d + ot, ds + ot, reinterpret_cast<const uint8_t*>(ws) + m * 8192 + r * 128 + 16 * j);
     }
-    for (int i = tid; i < kFacRows * kC / 4; i += 128)
+    for (int i = id; i < kFacRows * kC / 4; i += NTH)
       cp16(d + M::F + 16 * i, ds + M::F + 16 * i, ws + kFac + 4 * i);
     cp_commit();
   };
@@ -1638,16 +1643,37 @@ mma_wcpass(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict_
     }
   };
   constexpr int SH = K * BV * 2, CH = kC * BV * 2;  // bytes of one half: S's, R's / d U's
+  using Mine = std::integral_constant<int, 128>;
+  if constexpr (PROD) {  // a fifth warp issues the copies: chunk n into stage n % 2 once the
+                         // warpgroup is done with chunk n - 2 (EMPTY), then FULL once landed
+    if (w == 4) {
+      wait_for_primary();  // prepare's workspace complete (a dependent launch; else nothing)
+      for (int n = 0; n < sq.nc; ++n) {
+        const int st = n & 1;
+        if (n >= 2) named_sync<160>(kWcEmpty + st);
+        issue(n, st, lane, std::integral_constant<int, 32>{});
+        cp_wait<0>();
+        wbmma::fence_async_smem();  // visible to wgmma (the async proxy)
+        named_arrive<160>(kWcFull + st);
+      }
+      return;
+    }
+  }
+  // the warpgroup's barrier (the producer form: a named one, the fifth warp not in it)
+  auto wg_sync = [&]() {
+    if constexpr (PROD) named_sync<128>(kWcBar);
+    else __syncthreads();
+  };
   const long at = gdn::state_index(sq.sb, hv, HV, K, V) + c0;
   float s[MT][NR];
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
     for (int i = 0; i < NR; ++i) s[mt][i] = h0 ? h0[at + (long)(64 * mt + arow(i)) * V + acol(i)] : 0.0f;
-  wait_for_primary();  // prepare's workspace complete (a dependent launch; else nothing)
+  if constexpr (!PROD) wait_for_primary();
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt) put_b(s[mt], M::Sb, SH, 64 * mt);
-  if (sq.nc > 0) issue(0, 0);
+  if (!PROD && sq.nc > 0) issue(0, 0, tid, Mine{});
   float x[NR], y[NR], u[NR];
   uint32_t ak[K / 16][4], aq[K / 16][4], at4[4][4][4];
   auto fence_all = [&]() {
@@ -1658,10 +1684,15 @@ mma_wcpass(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict_
   for (int n = 0; n < sq.nc; ++n) {
     const int t0 = sq.first + n * kC, L = gdn::imin(kC, tend - t0), st = n & 1;
     uint8_t* stg = sm + st * M::stage;
-    cp_wait<0>();               // this thread's copies of chunk n
-    wbmma::fence_async_smem();  // they and S's halves visible to wgmma (the async proxy)
-    __syncthreads();            // everyone's; every thread is done with chunk n - 1's stage
-    if (n + 1 < sq.nc) issue(n + 1, st ^ 1);
+    if constexpr (PROD) {
+      wbmma::fence_async_smem();  // S's halves visible to wgmma (the async proxy)
+      named_sync<160>(kWcFull + st);  // chunk n's copies have landed; S's halves complete
+    } else {
+      cp_wait<0>();               // this thread's copies of chunk n
+      wbmma::fence_async_smem();  // they and S's halves visible to wgmma (the async proxy)
+      __syncthreads();            // everyone's; every thread is done with chunk n - 1's stage
+      if (n + 1 < sq.nc) issue(n + 1, st ^ 1, tid, Mine{});
+    }
     const float* fac = reinterpret_cast<const float*>(stg + M::F);
     const __nv_bfloat16* Vc = reinterpret_cast<const __nv_bfloat16*>(stg + M::Vs);
     const float *fek = fac, *feq = fac + kC, *fbt = fac + 2 * kC, *fd = fac + 3 * kC;
@@ -1704,7 +1735,7 @@ mma_wcpass(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict_
         ldsm4<false>(at4[m][j], stg + M::T4 + 2 * ((m * kC + r) * ST + c));
       }
     wbmma::fence_async_smem();
-    __syncthreads();  // R's halves complete
+    wg_sync();  // R's halves complete
     fence_all();
     wbmma::wgmma_fence();
 #pragma unroll
@@ -1745,7 +1776,7 @@ mma_wcpass(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict_
         ldsm4<true>(kt[mt][j], stg + M::Ks + 2 * (c * SK + kk));
       }
     wbmma::fence_async_smem();
-    __syncthreads();  // d U's halves complete
+    wg_sync();  // d U's halves complete
     fence_all();
     wbmma::wgmma_fence();
 #pragma unroll
@@ -1760,6 +1791,8 @@ mma_wcpass(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict_
     fence_all();
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) put_b(s[mt], M::Sb, SH, 64 * mt);  // for the next chunk
+    if constexpr (PROD)
+      if (n + 2 < sq.nc) named_arrive<160>(kWcEmpty + st);  // done with stage st
   }
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
@@ -2398,13 +2431,18 @@ cudaError_t launch_wcpass(const GdnArgs* a, const float* h0, float* state, int s
     constexpr int BV = decltype(bv)::value;
     constexpr size_t bytes = wcp::Smem<K, BV>::bytes;
     static_assert(bytes <= 227 * 1024, "the column wgmma pass's shared memory");
-    cudaError_t err = allow_smem(mma_wcpass<K, BV>, bytes);
-    if (err != cudaSuccess) return err;
     const dim3 grid(seqs * a->HV, a->V / BV);
-    return WB_LAUNCH_PDL(grid, 128, bytes, s, pdl, mma_wcpass<K, BV>)(
-        static_cast<const __nv_bfloat16*>(a->q), static_cast<const __nv_bfloat16*>(a->k),
-        static_cast<const __nv_bfloat16*>(a->v), a->tinv, h0, state, a->o, a->T, a->H, a->HV, a->V,
-        a->scale, a->o_dtype, NC, pk);
+    auto with = [&](auto prod) -> cudaError_t {
+      constexpr bool PROD = decltype(prod)::value;
+      cudaError_t err = allow_smem(mma_wcpass<K, BV, PROD>, bytes);
+      if (err != cudaSuccess) return err;
+      return WB_LAUNCH_PDL(grid, PROD ? 160 : 128, bytes, s, pdl, mma_wcpass<K, BV, PROD>)(
+          static_cast<const __nv_bfloat16*>(a->q), static_cast<const __nv_bfloat16*>(a->k),
+          static_cast<const __nv_bfloat16*>(a->v), a->tinv, h0, state, a->o, a->T, a->H, a->HV,
+          a->V, a->scale, a->o_dtype, NC, pk);
+    };
+    // a warp of its own issues the copies (WORKBENCH_GDN_MMA_COPY=warps: the warpgroup does)
+    return copy_producers() ? with(std::true_type{}) : with(std::false_type{});
   };
   const long blocks16 = (long)seqs * a->HV * (a->V / 16);
   return blocks16 <= sm_count() || a->V % 32 ? go(std::integral_constant<int, 16>{})

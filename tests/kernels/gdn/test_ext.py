@@ -67,8 +67,9 @@ def test_cuda_mma_kernels_keep_registers(tmp_path):
     # (for the wgmma passes); the shared-memory pass: the same at 32 and 16 value columns a block;
     # the warp-resident pass: 16-bit inputs at 2, 4 and 8 warps a block, fp32 at 2; the warp-pair
     # pass: 16-bit inputs at 1, 2 and 4 pairs a block; the wgmma pass: bf16, its block-barrier and
-    # warp-specialised forms; the column wgmma pass: K 64/128 x 16/32 columns a block
-    assert [len(v) for v in kinds.values()] == [8, 12, 14, 12, 2, 4], sorted(seen)
+    # warp-specialised forms; the column wgmma pass: K 64/128 x 16/32 columns a block, copies
+    # by a warp of their own or by the warpgroup
+    assert [len(v) for v in kinds.values()] == [8, 12, 14, 12, 2, 8], sorted(seen)
     assert "C7517" not in out and "C7519" not in out, "ptxas serialized wgmma"
     spills = [(name, n) for name, n in reports if name in seen and int(n)]
     assert not spills, spills

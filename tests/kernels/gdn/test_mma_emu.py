@@ -588,17 +588,24 @@ def test_emulated_wgmma_pass_forms_are_one(form, monkeypatch):
         assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), (form, sched, cp)
 
 
-# the warp-specialised wgmma pass's producer: it refills a stage before both warpgroups are done
-# with it (shows with copies landing at issue), or tells them a stage is full before its copies
-# have landed (shows with copies landing at the wait)
+# the warp-specialised wgmma pass's producer (and the column pass's): it refills a stage before
+# the warpgroups are done with it (shows with copies landing at issue), or tells them a stage is
+# full before its copies have landed (shows with copies landing at the wait)
 WG_MUTATIONS = {
     "early refill": ("        if (n >= 2) named_sync<384>(kWgEmpty + st);\n"
                      "        issue(n, st, tid - 256, std::integral_constant<int, 128>{});\n",
                      "        issue(n, st, tid - 256, std::integral_constant<int, 128>{});\n"
                      "        if (n >= 2) named_sync<384>(kWgEmpty + st);\n", "eager"),
+    "column pass, early refill": ("        if (n >= 2) named_sync<160>(kWcEmpty + st);\n"
+                                  "        issue(n, st, lane, std::integral_constant<int, 32>{});\n",
+                                  "        issue(n, st, lane, std::integral_constant<int, 32>{});\n"
+                                  "        if (n >= 2) named_sync<160>(kWcEmpty + st);\n", "eager"),
     "full too soon": ("        cp_wait<0>();\n        wbmma::fence_async_smem();  // visible to wgmma "
-                      "(the async proxy)\n        named_arrive",
-                      "        named_arrive", "late"),
+                      "(the async proxy)\n        named_arrive<256>",
+                      "        named_arrive<256>", "late"),
+    "column pass, full too soon": ("        cp_wait<0>();\n        wbmma::fence_async_smem();  // visible "
+                                   "to wgmma (the async proxy)\n        named_arrive<160>",
+                                   "        named_arrive<160>", "late"),
 }
 
 
@@ -610,11 +617,12 @@ def test_emulation_catches_wgmma_pass_mutants(mutant, tmp_path, monkeypatch):
     old, new, cp = WG_MUTATIONS[mutant]
     lib = mutant_library(tmp_path, [(old, new, 1)])
     x = packed_inputs([230, 0, 1], H=1, HV=2, K=128, V=128, dtype=torch.bfloat16, seed=23)
-    want = run(x, "wgmma", monkeypatch, output_dtype=torch.float32)
+    p = "wgcols" if mutant.startswith("column") else "wgmma"
+    want = run(x, p, monkeypatch, output_dtype=torch.float32)
     monkeypatch.setenv("WORKBENCH_GDN_MMA_WG", "ws")
     monkeypatch.setenv("WB_EMU_SCHED", "skew")
     monkeypatch.setenv("WB_EMU_CP", cp)
-    o = run(x, "wgmma", monkeypatch, output_dtype=torch.float32, lib=lib)[0]
+    o = run(x, p, monkeypatch, output_dtype=torch.float32, lib=lib)[0]
     assert not torch.isfinite(o).all() or workbench.compare(want[0], o).rel_l2 > 1e-3, mutant
 
 
@@ -644,6 +652,10 @@ def test_emulated_wgcols_pass_against_oracle(K, V, sms, monkeypatch):
     monkeypatch.setenv("WB_EMU_CP", "eager")
     os_, ss_ = run(x, "wgcols", monkeypatch, output_dtype=torch.float32)
     assert torch.equal(os_, o) and torch.equal(ss_, s)
+    # the copies by the warpgroup itself instead of a warp of their own: the same bits
+    monkeypatch.setenv("WORKBENCH_GDN_MMA_COPY", "warps")
+    ow, sw = run(x, "wgcols", monkeypatch, output_dtype=torch.float32)
+    assert torch.equal(ow, o) and torch.equal(sw, s)
 
 
 def test_emulated_wgcols_pass_packed_is_sequences_alone(monkeypatch):
