@@ -111,7 +111,8 @@ def main():
                                 and torch.equal(outs["auto"][1], outs[v][1])]
             row["rel_o_warp_vs_smem"] = _rel(outs["warp"][0], outs["smem"][0])
             row["rel_state_warp_vs_smem"] = _rel(outs["warp"][1], outs["smem"][1])
-        row[f"rel_o_{first}_vs_fla"] = _rel(outs[first][0], of)
+        for label in variants:  # each variant's o against fla's (a wrong kernel shows here)
+            row[f"rel_o_{label}_vs_fla"] = _rel(outs[label][0], of)
         rows.append(row)
         print(json.dumps(row), flush=True)
         _write(args.out, rows, variants)
