@@ -1355,6 +1355,22 @@ __device__ __forceinline__ void cp16(void* d, uint32_t sa, const void* src) {
 // their products (two more named barriers), so that one's products run on the tensor cores while
 // the other works on its registers ("pingpong"). Every thread's arithmetic is the same in all
 // three: the same bits.
+// A warp-specialised block's producer: chunk n's copies (issue(n, st), one commit group) into
+// stage st = n % 2 once its consumers are done with chunk n - 2 (they arrive at named barrier
+// empty0 + st, this one waits there with them: N threads), then, once the copies have landed and
+// are visible to the async proxy, full(st) (its arrivals at the consumers' FULL barriers).
+template <int N, typename Issue, typename Full>
+__device__ __forceinline__ void produce_stages(int nc, int empty0, Issue&& issue, Full&& full) {
+  for (int n = 0; n < nc; ++n) {
+    const int st = n & 1;
+    if (n >= 2) named_sync<N>(empty0 + st);
+    issue(n, st);
+    cp_wait<0>();
+    wbmma::fence_async_smem();  // visible to wgmma (the async proxy)
+    full(st);
+  }
+}
+
 constexpr int kWgFull = 1, kWgEmpty = 5, kWgTurn = 7;  // named barrier ids: 1-4, 5-6, 7-8
 template <typename QT, bool WS>
 __global__ void __launch_bounds__(WS ? 384 : 256, 1)
@@ -1408,15 +1424,12 @@ mma_wgpass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restr
     if (wg == 2) {  // the producer: chunk n into stage n % 2 once both warpgroups are done with n - 2
       wbmma::setmaxnreg_dec<40>();
       wait_for_primary();  // prepare's workspace complete (a dependent launch; else nothing)
-      for (int n = 0; n < sq.nc; ++n) {
-        const int st = n & 1;
-        if (n >= 2) named_sync<384>(kWgEmpty + st);
+      produce_stages<384>(sq.nc, kWgEmpty, [&](int n, int st) {
         issue(n, st, tid - 256, std::integral_constant<int, 128>{});
-        cp_wait<0>();
-        wbmma::fence_async_smem();  // visible to wgmma (the async proxy)
+      }, [&](int st) {
         named_arrive<256>(kWgFull + 2 * st);
         named_arrive<256>(kWgFull + 2 * st + 1);
-      }
+      });
       return;
     }
     wbmma::setmaxnreg_inc<232>();
@@ -1648,14 +1661,9 @@ mma_wcpass(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict_
                          // warpgroup is done with chunk n - 2 (EMPTY), then FULL once landed
     if (w == 4) {
       wait_for_primary();  // prepare's workspace complete (a dependent launch; else nothing)
-      for (int n = 0; n < sq.nc; ++n) {
-        const int st = n & 1;
-        if (n >= 2) named_sync<160>(kWcEmpty + st);
+      produce_stages<160>(sq.nc, kWcEmpty, [&](int n, int st) {
         issue(n, st, lane, std::integral_constant<int, 32>{});
-        cp_wait<0>();
-        wbmma::fence_async_smem();  // visible to wgmma (the async proxy)
-        named_arrive<160>(kWcFull + st);
-      }
+      }, [&](int st) { named_arrive<160>(kWcFull + st); });
       return;
     }
   }

@@ -550,17 +550,19 @@ def test_emulated_wgmma_pass_against_oracle(monkeypatch):
     assert ob.dtype == torch.bfloat16 and torch.equal(sb, s) and torch.equal(ob, o.bfloat16())
 
 
-def test_emulated_wgmma_pass_packed_is_sequences_alone(monkeypatch):
-    """A packed batch with an empty and a one-token sequence through the wgmma pass: each
-    sequence's o and state the bits of the sequence alone; the empty one keeps its state."""
-    x = packed_inputs([70, 0, 1, 129], H=1, HV=2, K=128, V=128, dtype=torch.bfloat16, seed=61)
+@pytest.mark.parametrize("mma_pass,K", [("wgmma", 128), ("wgcols", 64)])
+def test_emulated_wgmma_passes_packed_are_sequences_alone(mma_pass, K, monkeypatch):
+    """A packed batch with an empty and a one-token sequence through the wgmma pass and the column
+    wgmma pass: each sequence's o and state the bits of the sequence alone; the empty one keeps
+    its state."""
+    x = packed_inputs([70, 0, 1, 129], H=1, HV=2, K=K, V=K, dtype=torch.bfloat16, seed=61)
     cu = x["cu_seqlens"]
-    o, s = run(x, "wgmma", monkeypatch, output_dtype=torch.float32)
+    o, s = run(x, mma_pass, monkeypatch, output_dtype=torch.float32)
     assert torch.equal(s[1], x["initial_state"][1].float())
     for i in (0, 2, 3):
         a, e = cu[i], cu[i + 1]
         one = {n: t[:, a:e] for n, t in x.items() if n in ("q", "k", "v", "g", "beta")}
-        oi, si = run({**one, "initial_state": x["initial_state"][i:i + 1]}, "wgmma", monkeypatch,
+        oi, si = run({**one, "initial_state": x["initial_state"][i:i + 1]}, mma_pass, monkeypatch,
                      output_dtype=torch.float32)
         assert torch.equal(oi, o[:, a:e]) and torch.equal(si, s[i:i + 1]), i
 
@@ -588,42 +590,36 @@ def test_emulated_wgmma_pass_forms_are_one(form, monkeypatch):
         assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), (form, sched, cp)
 
 
-# the warp-specialised wgmma pass's producer (and the column pass's): it refills a stage before
-# the warpgroups are done with it (shows with copies landing at issue), or tells them a stage is
-# full before its copies have landed (shows with copies landing at the wait)
+# the warp-specialised passes' producer (produce_stages: the wgmma pass's ws form, the column
+# pass): it refills a stage before the consumers are done with it (shows with copies landing at
+# issue), or tells them a stage is full before its copies have landed (shows with copies landing
+# at the wait)
 WG_MUTATIONS = {
-    "early refill": ("        if (n >= 2) named_sync<384>(kWgEmpty + st);\n"
-                     "        issue(n, st, tid - 256, std::integral_constant<int, 128>{});\n",
-                     "        issue(n, st, tid - 256, std::integral_constant<int, 128>{});\n"
-                     "        if (n >= 2) named_sync<384>(kWgEmpty + st);\n", "eager"),
-    "column pass, early refill": ("        if (n >= 2) named_sync<160>(kWcEmpty + st);\n"
-                                  "        issue(n, st, lane, std::integral_constant<int, 32>{});\n",
-                                  "        issue(n, st, lane, std::integral_constant<int, 32>{});\n"
-                                  "        if (n >= 2) named_sync<160>(kWcEmpty + st);\n", "eager"),
-    "full too soon": ("        cp_wait<0>();\n        wbmma::fence_async_smem();  // visible to wgmma "
-                      "(the async proxy)\n        named_arrive<256>",
-                      "        named_arrive<256>", "late"),
-    "column pass, full too soon": ("        cp_wait<0>();\n        wbmma::fence_async_smem();  // visible "
-                                   "to wgmma (the async proxy)\n        named_arrive<160>",
-                                   "        named_arrive<160>", "late"),
+    "early refill": ("    if (n >= 2) named_sync<N>(empty0 + st);\n    issue(n, st);\n",
+                     "    issue(n, st);\n    if (n >= 2) named_sync<N>(empty0 + st);\n", "eager"),
+    "full too soon": ("    cp_wait<0>();\n    wbmma::fence_async_smem();  // visible to wgmma (the async "
+                      "proxy)\n    full(st);", "    full(st);", "late"),
 }
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("mutant", list(WG_MUTATIONS))
 def test_emulation_catches_wgmma_pass_mutants(mutant, tmp_path, monkeypatch):
-    """test_emulated_wgmma_pass_forms_are_one's schedules are not vacuous for the producer's
-    protocol: each mutant above gives another result under the schedule that exposes it."""
+    """test_emulated_wgmma_pass_forms_are_one's and the column pass's schedules are not vacuous
+    for the producer's protocol: each mutant above gives another result under the schedule that
+    exposes it, in both passes."""
     old, new, cp = WG_MUTATIONS[mutant]
     lib = mutant_library(tmp_path, [(old, new, 1)])
     x = packed_inputs([230, 0, 1], H=1, HV=2, K=128, V=128, dtype=torch.bfloat16, seed=23)
-    p = "wgcols" if mutant.startswith("column") else "wgmma"
-    want = run(x, p, monkeypatch, output_dtype=torch.float32)
-    monkeypatch.setenv("WORKBENCH_GDN_MMA_WG", "ws")
-    monkeypatch.setenv("WB_EMU_SCHED", "skew")
-    monkeypatch.setenv("WB_EMU_CP", cp)
-    o = run(x, p, monkeypatch, output_dtype=torch.float32, lib=lib)[0]
-    assert not torch.isfinite(o).all() or workbench.compare(want[0], o).rel_l2 > 1e-3, mutant
+    for p in ("wgmma", "wgcols"):
+        monkeypatch.delenv("WB_EMU_SCHED", raising=False)
+        monkeypatch.delenv("WB_EMU_CP", raising=False)
+        want = run(x, p, monkeypatch, output_dtype=torch.float32)
+        monkeypatch.setenv("WORKBENCH_GDN_MMA_WG", "ws")
+        monkeypatch.setenv("WB_EMU_SCHED", "skew")
+        monkeypatch.setenv("WB_EMU_CP", cp)
+        o = run(x, p, monkeypatch, output_dtype=torch.float32, lib=lib)[0]
+        assert not torch.isfinite(o).all() or workbench.compare(want[0], o).rel_l2 > 1e-3, (mutant, p)
 
 
 # ------------------------------------------------------- the column wgmma pass (forced only)
@@ -656,21 +652,6 @@ def test_emulated_wgcols_pass_against_oracle(K, V, sms, monkeypatch):
     monkeypatch.setenv("WORKBENCH_GDN_MMA_COPY", "warps")
     ow, sw = run(x, "wgcols", monkeypatch, output_dtype=torch.float32)
     assert torch.equal(ow, o) and torch.equal(sw, s)
-
-
-def test_emulated_wgcols_pass_packed_is_sequences_alone(monkeypatch):
-    """A packed batch with an empty and a one-token sequence through the column wgmma pass: each
-    sequence's o and state the bits of the sequence alone; the empty one keeps its state."""
-    x = packed_inputs([70, 0, 1, 129], H=1, HV=2, K=64, V=64, dtype=torch.bfloat16, seed=61)
-    cu = x["cu_seqlens"]
-    o, s = run(x, "wgcols", monkeypatch, output_dtype=torch.float32)
-    assert torch.equal(s[1], x["initial_state"][1].float())
-    for i in (0, 2, 3):
-        a, e = cu[i], cu[i + 1]
-        one = {n: t[:, a:e] for n, t in x.items() if n in ("q", "k", "v", "g", "beta")}
-        oi, si = run({**one, "initial_state": x["initial_state"][i:i + 1]}, "wgcols", monkeypatch,
-                     output_dtype=torch.float32)
-        assert torch.equal(oi, o[:, a:e]) and torch.equal(si, s[i:i + 1]), i
 
 
 def test_emulated_wgcols_pass_elsewhere_is_the_smem_pass(monkeypatch):
