@@ -370,18 +370,13 @@ def test_emulation_matches_the_gpu(mma_pass, monkeypatch):
     assert workbench.compare(eo, go.cpu()).rel_l2 <= 1e-4 and workbench.compare(es, gs.cpu()).rel_l2 <= 1e-5
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("mma_pass", GPU_PASSES)
-def test_gpu_dependent_launch(mma_pass, monkeypatch):
-    """On the GPU, the pass launched to start beside prepare's last blocks (the default:
-    programmatic dependent launch, its copying threads waiting for prepare's end) gives the bits
-    of the ordinary launch (WORKBENCH_GDN_MMA_PDL=off), called eagerly and replayed from a CUDA
-    graph, for a batch of several prepare waves and a packed batch with empty sequences."""
+def gpu_batch_and_packed(B, T, H, HV, seed):
+    """A function calling gdn.chunked (ext, the norms in the kernel) on a CUDA batch (K = V = 128,
+    bf16, an initial state) and on a packed batch with empty and one-token sequences: both
+    results."""
     from workbench.kernels import gdn
-    monkeypatch.setenv("WORKBENCH_GDN_CUDA_PATH", "mma")
-    monkeypatch.setenv("WORKBENCH_GDN_MMA_PASS", mma_pass)
-    x = {n: t.cuda() for n, t in make_inputs(1, 3000, 16, 32, 128, 128, dtype=torch.bfloat16,
-                                                state=True, seed=13).items()}
+    x = {n: t.cuda() for n, t in make_inputs(B, T, H, HV, 128, 128, dtype=torch.bfloat16,
+                                                state=True, seed=seed).items()}
     p = {n: (t.cuda() if isinstance(t, torch.Tensor) else t) for n, t in
          packed_inputs([0, 1, 700, 64, 0, 2500], H=4, HV=8, K=128, V=128, dtype=torch.bfloat16,
                        seed=17).items()}
@@ -389,22 +384,40 @@ def test_gpu_dependent_launch(mma_pass, monkeypatch):
     def both():
         return (gdn.chunked(**x, qk_l2norm=True, backend="ext"),
                 gdn.chunked(**p, qk_l2norm=True, backend="ext"))
+    return both
 
-    monkeypatch.setenv("WORKBENCH_GDN_MMA_PDL", "off")
-    want = both()
-    monkeypatch.delenv("WORKBENCH_GDN_MMA_PDL")
-    got = both()
+
+def graph_replayed(fn, times=1):
+    """fn's results from a CUDA graph of it (captured after a warm-up call), replayed ``times``."""
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
-        both()  # warm-up outside the capture
+        fn()  # warm-up outside the capture
         with torch.cuda.graph(graph, stream=stream):
-            replayed = both()
-    for _ in range(3):
+            out = fn()
+    for _ in range(times):
         graph.replay()
     torch.cuda.synchronize()
+    return out
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mma_pass", GPU_PASSES)
+def test_gpu_dependent_launch(mma_pass, monkeypatch):
+    """On the GPU, the pass launched to start beside prepare's last blocks (the default:
+    programmatic dependent launch, its copying threads waiting for prepare's end) gives the bits
+    of the ordinary launch (WORKBENCH_GDN_MMA_PDL=off), called eagerly and replayed from a CUDA
+    graph, for a batch of several prepare waves and a packed batch with empty sequences."""
+    monkeypatch.setenv("WORKBENCH_GDN_CUDA_PATH", "mma")
+    monkeypatch.setenv("WORKBENCH_GDN_MMA_PASS", mma_pass)
+    both = gpu_batch_and_packed(1, 3000, 16, 32, seed=13)
+    monkeypatch.setenv("WORKBENCH_GDN_MMA_PDL", "off")
+    want = both()
+    monkeypatch.delenv("WORKBENCH_GDN_MMA_PDL")
+    got = both()
+    replayed = graph_replayed(both, times=3)
     for w, g, r in zip(want, got, replayed):
         assert torch.isfinite(w[0].float()).all()
         assert torch.equal(w[0], g[0]) and torch.equal(w[1], g[1])
@@ -434,19 +447,9 @@ def test_gpu_wgmma_pass_forms_are_one(monkeypatch):
     computing warpgroups taking turns (=pingpong) gives the bits of its block-barrier form (sync),
     for a batch (47 chunks, the last partial) and a packed batch with empty and one-token
     sequences, called eagerly and (pingpong) replayed from a CUDA graph."""
-    from workbench.kernels import gdn
     monkeypatch.setenv("WORKBENCH_GDN_CUDA_PATH", "mma")
     monkeypatch.setenv("WORKBENCH_GDN_MMA_PASS", "wgmma")
-    x = {n: t.cuda() for n, t in make_inputs(2, 3001, 4, 8, 128, 128, dtype=torch.bfloat16,
-                                                state=True, seed=19).items()}
-    p = {n: (t.cuda() if isinstance(t, torch.Tensor) else t) for n, t in
-         packed_inputs([0, 1, 700, 64, 0, 2500], H=4, HV=8, K=128, V=128, dtype=torch.bfloat16,
-                       seed=17).items()}
-
-    def both():
-        return (gdn.chunked(**x, qk_l2norm=True, backend="ext"),
-                gdn.chunked(**p, qk_l2norm=True, backend="ext"))
-
+    both = gpu_batch_and_packed(2, 3001, 4, 8, seed=19)
     want = both()
     for form in WG_FORMS:
         monkeypatch.setenv("WORKBENCH_GDN_MMA_WG", form)
@@ -454,17 +457,7 @@ def test_gpu_wgmma_pass_forms_are_one(monkeypatch):
         for w, g in zip(want, got):
             assert torch.isfinite(w[0].float()).all()
             assert torch.equal(w[0], g[0]) and torch.equal(w[1], g[1]), form
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        both()
-        with torch.cuda.graph(graph, stream=stream):
-            replayed = both()
-    graph.replay()
-    torch.cuda.synchronize()
-    for w, r in zip(want, replayed):
+    for w, r in zip(want, graph_replayed(both)):
         assert torch.equal(w[0], r[0]) and torch.equal(w[1], r[1])
 
 
