@@ -1345,16 +1345,6 @@ __device__ __forceinline__ void cp16(void* d, uint32_t sa, const void* src) {
 #endif
 }
 
-// The wgmma pass's two forms (WORKBENCH_GDN_MMA_WG, read at each launch; A/Bs): WS false, the
-// two computing warpgroups issue the copies too and meet at a block barrier each chunk ("sync",
-// the second version); WS true, warp-specialised: a third warpgroup only copies (setmaxnreg moves
-// its registers to the two that compute) and the computing warpgroups meet no barrier but the
-// stages' (named barriers: FULL(st, wg) when the producer's copies of a chunk into stage st have
-// landed, the producer and that warpgroup's 128 threads; EMPTY(st) when both warpgroups are done
-// with it, all 384), so each runs at its own pace ("ws"); pp: the two also take turns to issue
-// their products (two more named barriers), so that one's products run on the tensor cores while
-// the other works on its registers ("pingpong"). Every thread's arithmetic is the same in all
-// three: the same bits.
 // A warp-specialised block's producer: chunk n's copies (issue(n, st), one commit group) into
 // stage st = n % 2 once its consumers are done with chunk n - 2 (they arrive at named barrier
 // empty0 + st, this one waits there with them: N threads), then, once the copies have landed and
@@ -1371,6 +1361,16 @@ __device__ __forceinline__ void produce_stages(int nc, int empty0, Issue&& issue
   }
 }
 
+// The wgmma pass's two forms (WORKBENCH_GDN_MMA_WG, read at each launch; A/Bs): WS false, the
+// two computing warpgroups issue the copies too and meet at a block barrier each chunk ("sync",
+// the second version); WS true, warp-specialised: a third warpgroup only copies (setmaxnreg moves
+// its registers to the two that compute) and the computing warpgroups meet no barrier but the
+// stages' (named barriers: FULL(st, wg) when the producer's copies of a chunk into stage st have
+// landed, the producer and that warpgroup's 128 threads; EMPTY(st) when both warpgroups are done
+// with it, all 384), so each runs at its own pace ("ws"); pp: the two also take turns to issue
+// their products (two more named barriers), so that one's products run on the tensor cores while
+// the other works on its registers ("pingpong"). Every thread's arithmetic is the same in all
+// three: the same bits.
 constexpr int kWgFull = 1, kWgEmpty = 5, kWgTurn = 7;  // named barrier ids: 1-4, 5-6, 7-8
 template <typename QT, bool WS>
 __global__ void __launch_bounds__(WS ? 384 : 256, 1)
