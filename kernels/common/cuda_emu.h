@@ -4,9 +4,9 @@
 // reaches a barrier or a warp-collective instruction and yields there until its peers arrive.
 //
 // What it models (and the kernels rely on):
-//   __syncthreads, named barriers (bar.sync id, n; bar.arrive id, n), __syncwarp, warp shuffles, wgmma (m64nNk8 tf32
-//   and m64nNk16 bf16, A from registers, B by shared-memory descriptor; below), mma.sync m16n8k8
-//   tf32 (the PTX fragment layouts; operands' low 13 bits ignored as the tensor cores do; the
+//   __syncthreads, named barriers (bar.sync id, n; bar.arrive id, n), __syncwarp, warp shuffles,
+//   wgmma (m64nNk8 tf32 and m64nNk16 bf16, A from registers, B by shared-memory descriptor;
+//   below), mma.sync m16n8k8 tf32 (the PTX fragment layouts; operands' low 13 bits ignored as the tensor cores do; the
 //   eight products, exact in float32, added to the accumulator one by one in k order in float32:
 //   deterministic and order-sensitive like the hardware, though not its rounding), ldmatrix .x4
 //   (and .trans), cvt.rna.tf32.f32, cp.async with groups (WB_EMU_CP=late, the default: a copy
@@ -239,8 +239,9 @@ inline void fail(Block* b, const std::string& why) {
   for (;;) yield();  // the scheduler stops resuming a failed block's threads
 }
 
-// Arrive at bar (expected threads) and wait until the expected number arrived.
-inline void arrive_wait(Barrier& bar, int expected, const char* what) {
+// Arrive at bar (expected threads), releasing it if this is the last arrival; returns the
+// generation arrived in (bar.gen moves past it once the barrier is released).
+inline unsigned arrive(Barrier& bar, int expected, const char* what) {
   Block* b = cur();
   if (bar.arrived == 0) bar.expected = expected;
   else if (bar.expected != expected)
@@ -250,8 +251,13 @@ inline void arrive_wait(Barrier& bar, int expected, const char* what) {
   if (++bar.arrived == bar.expected) {
     bar.arrived = 0;
     ++bar.gen;
-    return;
   }
+  return gen;
+}
+
+// Arrive at bar (expected threads) and wait until the expected number arrived.
+inline void arrive_wait(Barrier& bar, int expected, const char* what) {
+  const unsigned gen = arrive(bar, expected, what);
   while (bar.gen == gen) yield();
 }
 
@@ -684,11 +690,18 @@ inline void wgmma_wait(int n) {
   f.wg_groups.swap(left);
 }
 
-inline void named_barrier(int id, int count) {
+// The barrier of bar.sync / bar.arrive id, count (what), checked: ids 0-15 (0, the block's, only
+// for bar.sync), whole warps, at most the block's threads.
+inline Barrier& named(int id, int count, bool arrive_only, const char* what) {
   Block* b = cur();
-  if (id < 0 || id >= 16 || count % 32 || count < 32 || count > b->nthreads)
-    fail(b, "bar.sync " + std::to_string(id) + ", " + std::to_string(count) + ": not a valid barrier");
-  arrive_wait(id == 0 ? b->block_bar : b->named[id], count, "bar.sync");
+  if (id < (arrive_only ? 1 : 0) || id >= 16 || count % 32 || count < 32 || count > b->nthreads)
+    fail(b, std::string(what) + " " + std::to_string(id) + ", " + std::to_string(count) +
+                ": not a valid barrier");
+  return id == 0 ? b->block_bar : b->named[id];
+}
+
+inline void named_barrier(int id, int count) {
+  arrive_wait(named(id, count, false, "bar.sync"), count, "bar.sync");
 }
 
 // bar.arrive id, count: this thread's arrival without waiting (a producer's signal); the barrier
@@ -696,18 +709,7 @@ inline void named_barrier(int id, int count) {
 // either way. A block that ends with arrivals pending at a barrier fails (run_grid): the kernels'
 // protocols are to balance every arrival.
 inline void named_arrive(int id, int count) {
-  Block* b = cur();
-  if (id <= 0 || id >= 16 || count % 32 || count < 32 || count > b->nthreads)
-    fail(b, "bar.arrive " + std::to_string(id) + ", " + std::to_string(count) + ": not a valid barrier");
-  Barrier& bar = b->named[id];
-  if (bar.arrived == 0) bar.expected = count;
-  else if (bar.expected != count)
-    fail(b, "bar.arrive: threads arrive with different counts");
-  ++b->events;
-  if (++bar.arrived == bar.expected) {
-    bar.arrived = 0;
-    ++bar.gen;
-  }
+  arrive(named(id, count, true, "bar.arrive"), count, "bar.arrive");
 }
 
 }  // namespace wbemu
