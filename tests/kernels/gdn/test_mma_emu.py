@@ -532,15 +532,24 @@ def test_emulated_wgmma_pass_against_oracle(monkeypatch):
     oracle than the shared-memory pass (float32 o 2.7e-4 against 3.4e-4, the state 1.2e-5 against
     3.0e-4 when written), an initial state and the norms in the kernel, a partial last chunk."""
     x = make_inputs(1, 150, 2, 2, 128, 128, dtype=torch.bfloat16, state=True, seed=11)
+    wgmma_pass_against_oracle(x, "wgmma", 128, monkeypatch)
+
+
+def wgmma_pass_against_oracle(x, mma_pass, V, monkeypatch):
+    """A wgmma pass (bf16 operands in two halves) on x (B1 HV2, bf16 inputs): the launcher takes
+    it; its float32 o within 5e-4 and its state within 5e-5 of the oracle, both closer than the
+    shared-memory pass's (the state over 5x); o in bf16 the rounding of its float32 o, the same
+    state. Returns the float32 o and the state."""
     ro, rs = oracle.chunked(**x, qk_l2norm=True)
-    o, s = run(x, "wgmma", monkeypatch, output_dtype=torch.float32)
-    assert mma_emu.pass_of(1, 2, 128, torch.bfloat16) == "wgmma"
+    o, s = run(x, mma_pass, monkeypatch, output_dtype=torch.float32)
+    assert mma_emu.pass_of(1, 2, V, torch.bfloat16) == mma_pass
     so, ss = run(x, "smem", monkeypatch, output_dtype=torch.float32)
     eo, es = workbench.compare(ro, o).rel_l2, workbench.compare(rs, s).rel_l2
     assert eo <= 5e-4 and es <= 5e-5, (eo, es)
     assert eo < workbench.compare(ro, so).rel_l2 and es < workbench.compare(rs, ss).rel_l2 / 5
-    ob, sb = run(x, "wgmma", monkeypatch)  # o in bf16, as the inputs
+    ob, sb = run(x, mma_pass, monkeypatch)  # o in bf16, as the inputs
     assert ob.dtype == torch.bfloat16 and torch.equal(sb, s) and torch.equal(ob, o.bfloat16())
+    return o, s
 
 
 @pytest.mark.parametrize("mma_pass,K", [("wgmma", 128), ("wgcols", 64)])
@@ -628,15 +637,7 @@ def test_emulated_wgcols_pass_against_oracle(K, V, sms, monkeypatch):
     and copies landing at issue; 32-column blocks where 16-column ones would not fit on the SMs."""
     monkeypatch.setenv("WB_EMU_SMS", str(sms))
     x = make_inputs(1, 150, 1, 2, K, V, dtype=torch.bfloat16, state=True, seed=11)
-    ro, rs = oracle.chunked(**x, qk_l2norm=True)
-    o, s = run(x, "wgcols", monkeypatch, output_dtype=torch.float32)
-    assert mma_emu.pass_of(1, 2, V, torch.bfloat16) == "wgcols"
-    so, ss = run(x, "smem", monkeypatch, output_dtype=torch.float32)
-    eo, es = workbench.compare(ro, o).rel_l2, workbench.compare(rs, s).rel_l2
-    assert eo <= 5e-4 and es <= 5e-5, (eo, es)
-    assert eo < workbench.compare(ro, so).rel_l2 and es < workbench.compare(rs, ss).rel_l2 / 5
-    ob, sb = run(x, "wgcols", monkeypatch)  # o in bf16, as the inputs
-    assert ob.dtype == torch.bfloat16 and torch.equal(sb, s) and torch.equal(ob, o.bfloat16())
+    o, s = wgmma_pass_against_oracle(x, "wgcols", V, monkeypatch)
     monkeypatch.setenv("WB_EMU_SCHED", "skew")
     monkeypatch.setenv("WB_EMU_CP", "eager")
     os_, ss_ = run(x, "wgcols", monkeypatch, output_dtype=torch.float32)
