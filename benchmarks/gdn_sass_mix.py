@@ -37,6 +37,7 @@ CLASSES = {
     "HMMA": "mma", "LDSM": "ldmatrix", "LDS": "lds", "STS": "sts", "LDGSTS": "cp.async",
     "LDG": "ldg", "STG": "stg", "LDC": "ldc", "MUFU": "mufu (exp, rcp)",
     "FFMA": "float", "FMUL": "float", "FADD": "float", "FMNMX": "float", "FSETP": "float", "FSEL": "float",
+    "HGMMA": "wgmma", "WARPGROUP": "wgmma sync",
     "F2F": "convert", "F2FP": "convert", "PRMT": "convert", "I2F": "convert", "F2I": "convert", "FRND": "convert",
     "IMAD": "integer", "IADD3": "integer", "LEA": "integer", "SHF": "integer", "LOP3": "integer",
     "ISETP": "integer", "IMNMX": "integer", "SEL": "integer", "MOV": "move", "S2R": "move", "CS2R": "move",
@@ -90,7 +91,7 @@ def main_loops(sass: str) -> dict:
             m = re.search(r"`\(\.(L_x_\d+)\)", rest) if op == "BRA" else None
             if m and labels.get(m.group(1), i + 1) <= i:
                 seg = body[labels[m.group(1)]:i + 1]
-                best = max(best, (len(seg), sum(o == "HMMA" for o, _ in seg)))
+                best = max(best, (len(seg), sum(o in ("HMMA", "HGMMA") for o, _ in seg)))
         out[name] = best
 
     for line in sass.splitlines():
@@ -110,18 +111,25 @@ def main_loops(sass: str) -> dict:
     return out
 
 
+TEMPLATE_ARG = re.compile(r"Li(\d+)E|Lb([01])E|(6__half|13__nv_bfloat16|f)")
+TYPES = {"6__half": "fp16", "13__nv_bfloat16": "bf16", "f": "fp32"}
+
+
 def short(name: str) -> str:
-    """mma_prepare<128, bf16>, mma_wpass<128, bf16, 4>, ... from a mangled name."""
+    """mma_prepare<128, bf16, 0>, mma_wpass<128, bf16, 4>, mma_wcpass<64, 16, 1>, ... from a
+    mangled name (its template arguments in order: integers, bools as 0 / 1, element types)."""
     for m in re.finditer(r"(\d+)(mma_)", name):  # the length-prefixed function name
         fn = name[m.start(2):m.start(2) + int(m.group(1))]
         if not fn.startswith("mma_"):
             continue
         rest = name[m.start(2) + len(fn):]
-        a = re.match(r"I(?:Li(\d+)E)?(6__half|13__nv_bfloat16|f)(?:Li(\d+)E)?", rest)
-        if not a:
+        if not rest.startswith("I"):
             return fn
-        t = {"6__half": "fp16", "13__nv_bfloat16": "bf16", "f": "fp32"}[a.group(2)]
-        return f"{fn}<{', '.join(x for x in (a.group(1), t, a.group(3)) if x)}>"
+        args, pos = [], 1
+        while (a := TEMPLATE_ARG.match(rest, pos)):
+            args.append(a.group(1) or a.group(2) or TYPES[a.group(3)])
+            pos = a.end()
+        return f"{fn}<{', '.join(args)}>" if args else fn
     return name
 
 
@@ -145,13 +153,14 @@ def main():
         total = sum(mix.values())
         # the passes' loop over chunks (prepare and the norms run no loop of that kind)
         loop, loop_mma = loops.get(name, (0, 0)) if "pass" in short(name) else (None, None)
-        rows.append({"kernel": short(name), "total": total, "mma": mix["mma"],
-                     "non_mma_per_mma": round((total - mix["mma"]) / max(mix["mma"], 1), 2),
+        mma = mix["mma"] + mix["wgmma"]  # mma.sync (HMMA) and wgmma (HGMMA) instructions
+        rows.append({"kernel": short(name), "total": total, "mma": mma,
+                     "non_mma_per_mma": round((total - mma) / max(mma, 1), 2),
                      "loop": loop, "loop_mma": loop_mma,
                      "mix": dict(mix.most_common()), "mangled": name})
         lp = f"loop {loop:5d} ({loop_mma} mma)" if loop is not None else " " * 20
-        print(f"{short(name):32s} total {total:6d}  mma {mix['mma']:5d}  {lp}  "
-              + "  ".join(f"{k} {v}" for k, v in mix.most_common() if k != "mma"))
+        print(f"{short(name):32s} total {total:6d}  mma {mma:5d}  {lp}  "
+              + "  ".join(f"{k} {v}" for k, v in mix.most_common() if k not in ("mma", "wgmma")))
     if args.out:
         ver = subprocess.run([nvcc, "--version"], capture_output=True, text=True).stdout.strip().splitlines()[-1]
         out = {"benchmark": "gdn_sass_mix", "command": "python " + " ".join(sys.argv),
