@@ -82,7 +82,7 @@ def main():
         ours, peer, lengths, _, dtype = prefill_calls(chunk, B, T, H, HV, K, V, norm)
         # the launcher's rule (a packed batch: one launch of HV times up to 128 sequences)
         row = {"shape": name, "env": args.env,
-               "auto_plan": ext.mma_pass(min(len(lengths), 128) if lengths else B, HV, V, dtype)}
+               "auto_plan": ext.mma_pass(min(len(lengths), 128) if lengths else B, HV, V, dtype, K=K)}
         outs, graphs = {}, {}
         for label in variants:
             names = _force(args.env, label)

@@ -2357,16 +2357,26 @@ int fewest_waves(int BH, int V, int sms, int wmax, bool pair) {
   }
   return best;
 }
-int pass_plan(int BH, int V, bool f32, int sms) {
+// The element kinds of q, k, v the plan tells apart (the passes' instances): bf16, float32, fp16.
+enum ElemKind { kBf16 = 0, kF32 = 1, kF16 = 2 };
+template <typename QT>
+constexpr int elem_kind = is_f32<QT> ? kF32 : std::is_same<QT, __nv_bfloat16>::value ? kBf16 : kF16;
+
+// The pass code (0 smem, 1 smem16, kPair | warps, kWg, kWc, else the warp-resident pass's warps)
+// for BH heads of V value columns, K key columns and q, k, v of element kind `kind`, on sms SMs:
+// the pass that runs (a forced wgmma pass where it does not apply is the shared-memory pass's 0).
+int pass_plan(int BH, int K, int V, int kind, int sms) {
   const char* e = getenv("WORKBENCH_GDN_MMA_PASS");
   auto forced = [&](const char* name) { return e && !strcmp(e, name); };
+  const bool f32 = kind == kF32;
   const int warp = fewest_waves(BH, V, sms, f32 ? 2 : 8, false);
   if (forced("smem")) return 0;
   if (forced("smem16")) return 1;
   if (forced("warp")) return warp;
   if (forced("pair")) return f32 ? warp : kPair | fewest_waves(BH, V, sms, 8, true);
-  if (forced("wgmma")) return kWg;  // where it applies (launch_chunks), else the shared-memory pass
-  if (forced("wgcols")) return kWc;  // the same
+  // the wgmma passes take bf16 q, k, v (the wgmma pass K = V = 128); elsewhere the shared-memory pass
+  if (forced("wgmma")) return kind == kBf16 && K == 128 && V == 128 ? kWg : 0;
+  if (forced("wgcols")) return kind == kBf16 ? kWc : 0;
   if (2L * BH * (V / 16) >= 5L * sms) return warp;
   return !f32 && 2L * BH * (V / 32) <= sms ? 1 : 0;
 }
@@ -2495,11 +2505,11 @@ cudaError_t launch_chunks(const GdnArgs* a, const float* h0, float* state, int s
   const size_t s1 = sizeof(float) * PrepSmem<K, QT>::floats;
   const int HV = a->HV, V = a->V;
   cudaError_t err;
-  const int nw = pass_plan(seqs * HV, V, is_f32<QT>, sm_count());
-  // the wgmma passes (where they apply: bf16 q, k, v; the wgmma pass K = V = 128) read Tinv and
-  // PT as bf16 halves (put_ws)
-  constexpr bool wgk = std::is_same<QT, __nv_bfloat16>::value;
-  const bool wg = wgk && ((nw == kWg && K == 128 && V == 128) || nw == kWc);
+  const int nw = pass_plan(seqs * HV, K, V, elem_kind<QT>, sm_count());
+  // the wgmma passes (planned only where they apply: bf16 q, k, v; the wgmma pass K = V = 128)
+  // read Tinv and PT as bf16 halves (put_ws)
+  constexpr bool wgk = elem_kind<QT> == kBf16;
+  const bool wg = wgk && (nw == kWg || nw == kWc);
   // prepare: a block per chunk and key head, for its HV / H value heads (packed: the launch's
   // NC = pk.nc chunks, all sequences)
   // (WORKBENCH_GDN_MMA_PREPARE=value-head: a block per value head, for the A/B)
@@ -2524,12 +2534,10 @@ cudaError_t launch_chunks(const GdnArgs* a, const float* h0, float* state, int s
   // ordinary launch); WORKBENCH_GDN_MMA_PDL=off: an ordinary launch (A/Bs)
   const char* pd = getenv("WORKBENCH_GDN_MMA_PDL");
   const bool pdl = chunks > 0 && !(pd && !strcmp(pd, "off"));
-  if (nw == kWg || nw == kWc) {
-    if constexpr (K == 128 && std::is_same<QT, __nv_bfloat16>::value)
-      if (wg && nw == kWg) return launch_wgpass<QT>(a, h0, state, seqs, NC, pk, s, pdl);
-    if constexpr (std::is_same<QT, __nv_bfloat16>::value)
-      if (wg && nw == kWc) return launch_wcpass<K>(a, h0, state, seqs, NC, pk, s, pdl);
-    return launch_pass<K, QT, 32>(a, h0, state, seqs, NC, pk, s, pdl);
+  if constexpr (wgk) {
+    if constexpr (K == 128)
+      if (nw == kWg) return launch_wgpass<QT>(a, h0, state, seqs, NC, pk, s, pdl);
+    if (nw == kWc) return launch_wcpass<K>(a, h0, state, seqs, NC, pk, s, pdl);
   }
   if (nw == 0) return launch_pass<K, QT, 32>(a, h0, state, seqs, NC, pk, s, pdl);
   if (nw == 1) return launch_pass<K, QT, 16>(a, h0, state, seqs, NC, pk, s, pdl);
@@ -2616,14 +2624,15 @@ extern "C" {
 // Whether the tensor-core chunked path takes this shape (chunk 64): 1 or 0.
 int gdn_chunked_mma_supported(int K, int V) { return gdn_chunked_mma_supported_impl(K, V) ? 1 : 0; }
 
-// The pass the mma path takes for B * HV = BH and V on a GPU of sms SMs (f32: float32 q, k, v):
-// 0 for the shared-memory pass, 1 for its 16-column blocks (smem16), 64 (kPair) | the warps
-// a block of the warp-pair pass (2, 4 or 8; forced only), 128 (kWg) the wgmma pass (forced only;
-// where it applies), else the warp-resident pass's warps a block (2, 4 or 8); honours
+// The pass the mma path takes for B * HV = BH heads of K key and V value columns, q, k, v of
+// element kind `kind` (0 bf16, 1 float32, 2 fp16) on a GPU of sms SMs: 0 for the shared-memory
+// pass, 1 for its 16-column blocks (smem16), 64 (kPair) | the warps a block of the warp-pair pass
+// (2, 4 or 8; forced only), 128 (kWg) the wgmma pass and 256 (kWc) the column wgmma pass (forced
+// only, where they apply), else the warp-resident pass's warps a block (2, 4 or 8); honours
 // WORKBENCH_GDN_MMA_PASS as the launcher does. Host code only: callable without a GPU. A packed
 // batch's launch has BH = HV times its sequences (up to 128 a launch, empty ones included).
-int gdn_mma_pass_plan(int BH, int V, int f32, int sms) {
-  return pass_plan(BH, V, f32 != 0, sms > 0 ? sms : 1);
+int gdn_mma_pass_plan(int BH, int K, int V, int kind, int sms) {
+  return pass_plan(BH, K, V, kind, sms > 0 ? sms : 1);
 }
 
 // The floats of one chunk's workspace on the mma path (GdnArgs.tinv holds one per chunk and head).

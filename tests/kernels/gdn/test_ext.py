@@ -159,6 +159,21 @@ def test_mma_pass_plan(monkeypatch):
     ]
     for (B, HV, V, dt, sms), want in pair_cases:
         assert ext.mma_pass(B, HV, V, dt, sms=sms) == want, (B, HV, V, dt, sms)
+    # the wgmma passes, forced: bf16 q, k, v (the wgmma pass at K = V = 128 only); elsewhere the
+    # shared-memory pass runs, and the plan says so
+    fp16 = torch.float16
+    wg_cases = [  # (pass forced, B, HV, K, V, dtype) -> pass
+        (("wgmma", 1, 32, 128, 128, bf16), "wgmma"), (("wgmma", 8, 32, 128, 128, bf16), "wgmma"),
+        (("wgmma", 1, 32, 64, 64, bf16), "smem"), (("wgmma", 1, 32, 128, 64, bf16), "smem"),
+        (("wgmma", 1, 32, 128, 128, fp16), "smem"), (("wgmma", 1, 32, 128, 128, f32), "smem"),
+        (("wgcols", 1, 32, 64, 64, bf16), "wgcols"), (("wgcols", 2, 8, 128, 96, bf16), "wgcols"),
+        (("wgcols", 1, 32, 64, 64, fp16), "smem"), (("wgcols", 1, 32, 128, 128, f32), "smem"),
+    ]
+    for (p, B, HV, K, V, dt), want in wg_cases:
+        monkeypatch.setenv("WORKBENCH_GDN_MMA_PASS", p)
+        assert ext.mma_pass(B, HV, V, dt, sms=132, K=K) == want, (p, B, HV, K, V, dt)
+    with pytest.raises(ValueError, match="bf16, fp16 or float32"):
+        ext.mma_pass(1, 32, 128, torch.float64, sms=132)
     monkeypatch.setenv("WORKBENCH_GDN_MMA_PASS", "bogus")  # anything else: the rule
     assert ext.mma_pass(8, 32, 128, bf16, sms=132) == "warp8"
 

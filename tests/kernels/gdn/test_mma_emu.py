@@ -48,7 +48,7 @@ def test_emulated_pass_against_oracle(case, mma_pass, monkeypatch):
     B, T, H, HV, K, V, dt = case
     x = make_inputs(B, T, H, HV, K, V, dtype=dt, state=True, seed=11)
     o, s = run(x, mma_pass, monkeypatch)
-    took = mma_emu.pass_of(B, HV, V, dt)
+    took = mma_emu.pass_of(B, HV, V, dt, K=K)
     assert took == mma_pass if mma_pass.startswith("smem") else took.startswith(mma_pass), took
     ro, rs = oracle.chunked(**x, qk_l2norm=True)
     assert o.dtype == dt and torch.isfinite(o.float()).all()
@@ -542,7 +542,7 @@ def wgmma_pass_against_oracle(x, mma_pass, V, monkeypatch):
     state. Returns the float32 o and the state."""
     ro, rs = oracle.chunked(**x, qk_l2norm=True)
     o, s = run(x, mma_pass, monkeypatch, output_dtype=torch.float32)
-    assert mma_emu.pass_of(1, 2, V, torch.bfloat16) == mma_pass
+    assert mma_emu.pass_of(1, 2, V, torch.bfloat16, K=x["k"].shape[-1]) == mma_pass
     so, ss = run(x, "smem", monkeypatch, output_dtype=torch.float32)
     eo, es = workbench.compare(ro, o).rel_l2, workbench.compare(rs, s).rel_l2
     assert eo <= 5e-4 and es <= 5e-5, (eo, es)

@@ -89,7 +89,7 @@ def library(kind: str) -> ctypes.CDLL:
         if kind == "cuda":
             entries["gdn_chunked_mma_cuda"] = GdnArgs
             plan = lib.gdn_mma_pass_plan
-            plan.argtypes, plan.restype = [_I, _I, _I, _I], _I
+            plan.argtypes, plan.restype = [_I, _I, _I, _I, _I], _I
             packed = lib.gdn_chunked_mma_varlen_cuda
             packed.argtypes, packed.restype = [ctypes.POINTER(GdnArgs), _P, _I], _I
             group = lib.gdn_mma_packed_group
@@ -146,20 +146,33 @@ def _sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def mma_pass(B: int, HV: int, V: int, dtype: torch.dtype, sms: int | None = None) -> str:
-    """The pass the mma path's launcher takes for ``B`` x ``HV`` heads of ``V`` value columns with
-    q, k, v in ``dtype``: ``"smem"`` (the shared-memory pass), ``"smem16"`` (the same at 16 value
-    columns a block, bit for bit: with 16-bit inputs where 32-column blocks would fill at most
-    half the SMs), ``"warpN"`` (the warp-resident pass, N warps a block) or
+# the element kinds the mma path's pass plan tells apart (ElemKind in gdn_mma.cu)
+_ELEM_KIND = {torch.bfloat16: 0, torch.float32: 1, torch.float16: 2}
+
+
+def elem_kind(dtype: torch.dtype) -> int:
+    """The code of q, k, v's element type for gdn_mma_pass_plan (0 bf16, 1 float32, 2 fp16)."""
+    if dtype not in _ELEM_KIND:
+        raise ValueError(f"the mma path takes bf16, fp16 or float32 q, k, v, not {dtype}")
+    return _ELEM_KIND[dtype]
+
+
+def mma_pass(B: int, HV: int, V: int, dtype: torch.dtype, sms: int | None = None, *,
+             K: int = 128) -> str:
+    """The pass the mma path's launcher takes for ``B`` x ``HV`` heads of ``K`` key and ``V``
+    value columns with q, k, v in ``dtype``: ``"smem"`` (the shared-memory pass), ``"smem16"``
+    (the same at 16 value columns a block, bit for bit: with 16-bit inputs where 32-column blocks
+    would fill at most half the SMs), ``"warpN"`` (the warp-resident pass, N warps a block) or
     ``"pairN"`` (the warp-pair pass, N warps a block, two a 16-column group; only when forced),
-    ``"wgmma"`` (the wgmma pass; only when forced), ``"wgcols"`` (the column wgmma pass; only
-    when forced), on
-    a GPU of ``sms`` SMs (None: the current CUDA device's). The
-    launcher's own rule (``kernels/gdn/gdn_mma.cu``, ``WORKBENCH_GDN_MMA_PASS`` included), asked
-    of the CUDA build; needs nvcc, not a GPU, when ``sms`` is given."""
+    ``"wgmma"`` (the wgmma pass; only when forced, and only with bf16 q, k, v at K = V = 128),
+    ``"wgcols"`` (the column wgmma pass; only when forced, and only with bf16 q, k, v): a forced
+    wgmma pass where it does not apply is reported as the shared-memory pass that runs instead,
+    on a GPU of ``sms`` SMs (None: the current CUDA device's). The launcher's own rule
+    (``kernels/gdn/gdn_mma.cu``, ``WORKBENCH_GDN_MMA_PASS`` included), asked of the CUDA build;
+    needs nvcc, not a GPU, when ``sms`` is given."""
     if sms is None:
         sms = _sm_count(torch.device("cuda", torch.cuda.current_device()))
-    nw = library("cuda").gdn_mma_pass_plan(int(B) * int(HV), int(V), int(dtype == torch.float32),
+    nw = library("cuda").gdn_mma_pass_plan(int(B) * int(HV), int(K), int(V), elem_kind(dtype),
                                           int(sms))
     return pass_name(nw)
 
@@ -251,7 +264,7 @@ def staged(op, q, k, v, g, beta, scale=None, initial_state=None, qk_l2norm=False
     # the kernel log gets the mma path's pass too ("mma/smem", "mma/warp4", ...), asked only
     # while a log records
     note_path(path if path != "mma" else
-              lambda: f"mma/{mma_pass(s.B, s.HV, s.V, tensors[0].dtype, _sm_count(tensors[0].device))}")
+              lambda: f"mma/{mma_pass(s.B, s.HV, s.V, tensors[0].dtype, _sm_count(tensors[0].device), K=s.K)}")
     if not (path == "mma" and tensors[0].dtype in (torch.bfloat16, torch.float16)):
         tensors = (*(x.to(torch.float32).contiguous() for x in tensors[:3]), *tensors[3:])
     if qk_l2norm and path != "mma":
@@ -415,7 +428,7 @@ def _packed_mma(q, k, v, g, beta, scale, initial_state, qk_l2norm, chunk_size, c
     st = staged("chunked", q, k, v, g, beta, scale, None, qk_l2norm, policy=p, chunk_size=chunk_size,
                 copy=False)
     # the pass of the (first) launch: HV times its sequences
-    note_path(lambda: f"mma/{mma_pass(min(n, PACKED_LAUNCH), s.HV, s.V, st.tensors[0].dtype, _sm_count(q.device))}")
+    note_path(lambda: f"mma/{mma_pass(min(n, PACKED_LAUNCH), s.HV, s.V, st.tensors[0].dtype, _sm_count(q.device), K=s.K)}")
     # one state per sequence, read where it lies; the final states to a new tensor
     h0 = state_source(initial_state)
     state = torch.empty(n, s.HV, s.K, s.V, dtype=torch.float32, device=q.device)

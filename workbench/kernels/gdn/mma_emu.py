@@ -58,7 +58,7 @@ def library(lib: ctypes.CDLL | None = None) -> ctypes.CDLL:
         _abi.check_layout(lib, GdnArgs)
         lib.gdn_chunked_mma_varlen_cuda.argtypes = [ctypes.POINTER(GdnArgs), ctypes.c_void_p, ctypes.c_int]
         lib.gdn_chunked_mma_varlen_cuda.restype = ctypes.c_int
-        lib.gdn_mma_pass_plan.argtypes = [ctypes.c_int] * 4
+        lib.gdn_mma_pass_plan.argtypes = [ctypes.c_int] * 5
         lib.gdn_mma_pass_plan.restype = ctypes.c_int
         bind_failure(lib)
         lib._emu_typed = True
@@ -67,13 +67,14 @@ def library(lib: ctypes.CDLL | None = None) -> ctypes.CDLL:
     return lib
 
 
-def pass_of(B: int, HV: int, V: int, dtype: torch.dtype, sms: int | None = None) -> str:
+def pass_of(B: int, HV: int, V: int, dtype: torch.dtype, sms: int | None = None, *,
+            K: int = 128) -> str:
     """The pass the emulated launcher takes (as ``ext.mma_pass`` names them) on ``sms`` SMs (None:
     the emulated device's, ``WB_EMU_SMS`` or 132)."""
     if sms is None:
         sms = int(os.environ.get("WB_EMU_SMS") or 132)
-    return ext.pass_name(library().gdn_mma_pass_plan(int(B) * int(HV), int(V),
-                                                     int(dtype == torch.float32), int(sms)))
+    return ext.pass_name(library().gdn_mma_pass_plan(int(B) * int(HV), int(K), int(V),
+                                                     ext.elem_kind(dtype), int(sms)))
 
 
 def chunked(q, k, v, g, beta, *, scale=None, initial_state=None, qk_l2norm=False, cu_seqlens=None,
