@@ -36,7 +36,8 @@
 #                                                       # forms and the column wgmma pass against
 #                                                       # the rule's (A/B, small grids, then large:
 #                                                       # WG_SMALL / WG_LARGE "a|b" shape filters);
-#                                                       # WG_CHUNK=1 adds the chunk-step timing
+#                                                       # WG_CHUNK=1 adds the chunk-step timing;
+#                                                       # WG_PARTS="small tests large" another order
 #   OUT=$OUT bash benchmarks/gdn_gpu_session.sh phases [passes...]
 #                                                       # prepare / pass GPU time at B1 T8192 HV32,
 #                                                       # each pass forced (default: all four);
@@ -142,31 +143,41 @@ case "$mode" in
     stamp "$f"
     ;;
   wgmma)
-    # the tests mode, for the wgmma tests (gpu-tests-DAY-wgmma.txt)
-    # (WG_TESTS: the test files, default the model's probe, the passes' tests and the chunk-step
-    # kernel's)
-    TESTS_K="wgmma or wgcols" TESTS_NAME=wgmma SESSION_LIMIT=${WG_TESTS_LIMIT:-200} bash "$0" tests -s -rA \
-      ${WG_TESTS:-tests/kernels/test_cuda_emu.py tests/kernels/gdn/test_mma_emu.py tests/kernels/gdn/test_wgmma_chunk.py}
-    grep -E "passed|failed|wgmma \(" "$out/gpu-tests-$day-wgmma.txt" | cut -c1-200 | tail -24
-    if [ -n "${WG_CHUNK:-}" ]; then  # the chunk-step products' timing (measured on 2026-12-06)
-      timeout 60 python3 benchmarks/gdn_wgmma_chunk.py --blocks 132 --chunks 256 --out "$out/gdn-wgmma-chunk-$day.json" 2>&1 | tail -2 | cut -c1-300
-      stamp "$out/gdn-wgmma-chunk-$day.json"
-    fi
-    # the wgmma pass's three forms (WORKBENCH_GDN_MMA_WG: sync, ws, pingpong), the column wgmma
-    # pass, then the rule's pass: the small grids first (where the column pass's blocks matter),
-    # then the large ones (a block of the wgmma pass an SM), each part its own file
+    # WG_PARTS: the parts and their order (default "tests small large"; e.g. "small tests large"
+    # puts the A/B where the column pass's blocks matter before the GPU tests)
     w=WORKBENCH_GDN_MMA_PASS=wgmma
-    part=0
-    for only in "${WG_SMALL:-K64|B1 T8192|HV48|B2 T3001}" "${WG_LARGE:-B4 T4096|B8 T1000|5 seqs|64 seqs}"; do
-      part=$((part + 1))
-      f="$out/gdn-pass-ab-$day-wgmma-$part.json"
-      IFS='|' read -r -a shapes <<< "$only"
-      timeout "${WG_AB_LIMIT:-170}" python3 benchmarks/gdn_pass_ab.py --env X --rounds "${WG_ROUNDS:-1}" \
-        --variants "$w" "$w,WORKBENCH_GDN_MMA_WG=ws" "$w,WORKBENCH_GDN_MMA_WG=pingpong" \
-        WORKBENCH_GDN_MMA_PASS=wgcols WORKBENCH_GDN_MMA_PASS=wgcols,WORKBENCH_GDN_MMA_COPY=warps \
-        WORKBENCH_GDN_MMA_PASS=auto --out "$f" --only "${shapes[@]}" 2>&1 \
-        | grep -E '^\{|summary' | cut -c1-700
-      stamp "$f"
+    for what in ${WG_PARTS:-tests small large}; do
+      case "$what" in
+        tests)
+          # the tests mode, for the wgmma tests (gpu-tests-DAY-wgmma.txt)
+          # (WG_TESTS: the test files, default the model's probe, the passes' tests and the
+          # chunk-step kernel's)
+          TESTS_K="wgmma or wgcols" TESTS_NAME=wgmma SESSION_LIMIT=${WG_TESTS_LIMIT:-200} bash "$0" tests -s -rA \
+            ${WG_TESTS:-tests/kernels/test_cuda_emu.py tests/kernels/gdn/test_mma_emu.py tests/kernels/gdn/test_wgmma_chunk.py}
+          grep -E "passed|failed|wgmma \(" "$out/gpu-tests-$day-wgmma.txt" | cut -c1-200 | tail -24
+          if [ -n "${WG_CHUNK:-}" ]; then  # the chunk-step products' timing (measured on 2026-12-06)
+            timeout 60 python3 benchmarks/gdn_wgmma_chunk.py --blocks 132 --chunks 256 --out "$out/gdn-wgmma-chunk-$day.json" 2>&1 | tail -2 | cut -c1-300
+            stamp "$out/gdn-wgmma-chunk-$day.json"
+          fi
+          ;;
+        small|large)
+          # the wgmma pass's three forms (WORKBENCH_GDN_MMA_WG: sync, ws, pingpong), the column
+          # wgmma pass (with and without its copy warp), then the rule's pass: the small grids
+          # (where the column pass's blocks matter), the large ones (a block of the wgmma pass an
+          # SM), each part its own file
+          if [ "$what" = small ]; then only=${WG_SMALL:-K64|B1 T8192|HV48|B2 T3001}; part=1
+          else only=${WG_LARGE:-B4 T4096|B8 T1000|5 seqs|64 seqs}; part=2; fi
+          f="$out/gdn-pass-ab-$day-wgmma-$part.json"
+          IFS='|' read -r -a shapes <<< "$only"
+          timeout "${WG_AB_LIMIT:-170}" python3 benchmarks/gdn_pass_ab.py --env X --rounds "${WG_ROUNDS:-1}" \
+            --variants "$w" "$w,WORKBENCH_GDN_MMA_WG=ws" "$w,WORKBENCH_GDN_MMA_WG=pingpong" \
+            WORKBENCH_GDN_MMA_PASS=wgcols WORKBENCH_GDN_MMA_PASS=wgcols,WORKBENCH_GDN_MMA_COPY=warps \
+            WORKBENCH_GDN_MMA_PASS=auto --out "$f" --only "${shapes[@]}" 2>&1 \
+            | grep -E '^\{|summary' | cut -c1-700
+          stamp "$f"
+          ;;
+        *) echo "WG_PARTS: tests, small or large, not $what" >&2; exit 2 ;;
+      esac
     done
     ;;
   clocks)
