@@ -172,8 +172,10 @@ def test_mma_pass_plan(monkeypatch):
     for (p, B, HV, K, V, dt), want in wg_cases:
         monkeypatch.setenv("WORKBENCH_GDN_MMA_PASS", p)
         assert ext.mma_pass(B, HV, V, dt, sms=132, K=K) == want, (p, B, HV, K, V, dt)
-    with pytest.raises(ValueError, match="bf16, fp16 or float32"):
-        ext.mma_pass(1, 32, 128, torch.float64, sms=132)
+    # other floating dtypes run as float32 (converted before the launch); integers are refused
+    assert ext.mma_pass(1, 32, 128, torch.float64, sms=132, K=128) == "smem"
+    with pytest.raises(ValueError, match="floating-point"):
+        ext.mma_pass(1, 32, 128, torch.int32, sms=132)
     monkeypatch.setenv("WORKBENCH_GDN_MMA_PASS", "bogus")  # anything else: the rule
     assert ext.mma_pass(8, 32, 128, bf16, sms=132) == "warp8"
 

@@ -146,15 +146,17 @@ def _sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-# the element kinds the mma path's pass plan tells apart (ElemKind in gdn_mma.cu)
-_ELEM_KIND = {torch.bfloat16: 0, torch.float32: 1, torch.float16: 2}
-
-
 def elem_kind(dtype: torch.dtype) -> int:
-    """The code of q, k, v's element type for gdn_mma_pass_plan (0 bf16, 1 float32, 2 fp16)."""
-    if dtype not in _ELEM_KIND:
-        raise ValueError(f"the mma path takes bf16, fp16 or float32 q, k, v, not {dtype}")
-    return _ELEM_KIND[dtype]
+    """The code of q, k, v's element type for gdn_mma_pass_plan (ElemKind in gdn_mma.cu): 0 bf16,
+    2 fp16, 1 float32, which the mma path also runs for any other floating dtype (it converts
+    them to float32 before the launch)."""
+    if dtype == torch.bfloat16:
+        return 0
+    if dtype == torch.float16:
+        return 2
+    if dtype.is_floating_point:
+        return 1
+    raise ValueError(f"the mma path takes floating-point q, k, v, not {dtype}")
 
 
 def mma_pass(B: int, HV: int, V: int, dtype: torch.dtype, sms: int | None = None, *,
