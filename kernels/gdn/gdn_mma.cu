@@ -571,6 +571,51 @@ __device__ __forceinline__ void load_tile(T* dst, const T* src, long sst, int L,
   }
 }
 
+// one 16-byte cp.async (global to shared; shared address sa of the generic pointer d)
+__device__ __forceinline__ void cp16(void* d, uint32_t sa, const void* src) {
+#ifdef WB_MMA_EMU
+  (void)sa;
+  wbemu::cp_async(d, src, 16);
+#else
+  (void)d;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(sa), "l"(src));
+#endif
+}
+
+// The lower block triangle of NM stacked C x C float matrices from the workspace (row stride C)
+// into shared rows of stride kPS: the 16 x 16 blocks (rt, ct) with ct <= rt, 10 of a matrix's 16,
+// by NT threads, 16 bytes a cp.async. The passes' products by Tinv and PT read no other element
+// (the shared-memory pass: row tile rt over depth 16 (rt + 1); the register passes: 8 x 8 blocks on
+// or below the diagonal), so the other six blocks are not copied (37.5% of those bytes).
+// Thread id copies piece id % 4 of rows id / 4 (+ NT / 4 ..) of each column block ct's rows
+// 16 ct .. C - 1: one source and one shared address a thread, every copy at a constant offset
+// from them (a row test only where NT / 4 does not divide 16).
+template <int NM, int NT>
+__device__ __forceinline__ void load_tri(float* dst, const float* src, int id) {
+  constexpr int RS = NT / 4;  // rows a step
+  static_assert(NT % 32 == 0, "whole warps");
+  const int r0 = id / 4, c = 4 * (id % 4);
+  float* d = dst + r0 * kPS + c;
+  const float* s = src + r0 * kC + c;
+#ifndef WB_MMA_EMU
+  const unsigned ds = (unsigned)__cvta_generic_to_shared(d);
+#else
+  const unsigned ds = 0;
+#endif
+#pragma unroll
+  for (int m = 0; m < NM; ++m)
+#pragma unroll
+    for (int ct = 0; ct < 4; ++ct)
+#pragma unroll
+      for (int st = 0; st < (kC - 16 * ct + RS - 1) / RS; ++st) {
+        const int r = 16 * ct + st * RS;  // this step's first row
+        if (16 % RS == 0 || r0 + r < kC) {
+          const int od = (m * kC + r) * kPS + 16 * ct, os = (m * kC + r) * kC + 16 * ct;
+          cp16(d + od, ds + (unsigned)(od * 4), s + os);
+        }
+      }
+}
+
 // -------------------------------------------------------------------------- packed batches
 
 // A packed (varlen) batch's sequences for one launch, passed by value: sequence i is tokens
@@ -946,9 +991,9 @@ template <int BV>
 constexpr bool pass_bv_ok = BV == 32 || BV == 16;
 
 // One stage of the pass (two, alternating): a chunk's keys (QT, as given), Tinv and PT (tf32,
-// from prepare), the block's BV value columns (QT) and the chunk's factor rows (kFac). Offsets in
-// floats. float32 inputs take narrower strides (bank conflicts on some loads) so that two stages
-// fit in shared memory.
+// from prepare; their lower block triangles, load_tri), the block's BV value columns (QT) and the
+// chunk's factor rows (kFac). Offsets in floats. float32 inputs take narrower strides (bank
+// conflicts on some loads) so that two stages fit in shared memory.
 template <int K, typename QT, int BV>
 struct PassStage {
   static constexpr int SKK = is_f32<QT> ? K + 4 : K + 8, SVT = is_f32<QT> ? BV + 4 : BV + 8;
@@ -1052,8 +1097,8 @@ mma_pass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restric
                               k + gdn::qk_index(b, t0, h, T, H, K), (long)H * K, L, id);
     const float* ws = tinv + (sq.crow + n) * kChunkWs;
     if constexpr (!M::lean) {  // Tinv and PT (split: Tinv; PT with the queries)
-      if (split) load_tile<kC, kC, kPS, NT, true>(sm + M::tinv(n), ws, kC, kC, id);
-      else load_tile<2 * kC, kC, kPS, NT, true>(sm + M::tinv(n), ws, kC, 2 * kC, id);
+      if (split) load_tri<1, NT>(sm + M::tinv(n), ws, id);  // (their lower block triangles)
+      else load_tri<2, NT>(sm + M::tinv(n), ws, id);
     }
     load_tile<kFacRows, kC, kC, NT, true>(sm + M::facs(n), ws + kFac, kC, kFacRows, id);
     if constexpr (!M::lean)
@@ -1070,15 +1115,13 @@ mma_pass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restric
       load_tile<kC, BV, P::SVT, NT>(reinterpret_cast<QT*>(sm + M::vals(n)),
                                     v + gdn::v_index(b, t0, hv, T, HV, V) + c0, (long)HV * V, L, id);
     else if (split)
-      load_tile<kC, kC, kPS, NT, true>(sm + M::tinv(n) + kC * kPS,
-                                       tinv + (sq.crow + n) * kChunkWs + kC * kC, kC, kC, id);
+      load_tri<1, NT>(sm + M::tinv(n) + kC * kPS, tinv + (sq.crow + n) * kChunkWs + kC * kC, id);
     cp_commit();
   };
   // ... and for lean staging Tinv and PT, a copy group each
   auto issue_t = [&](int n, auto nt, int id) {
     constexpr int NT = decltype(nt)::value;
-    load_tile<2 * kC, kC, kPS, NT, true>(sm + M::tinv(n), tinv + (sq.crow + n) * kChunkWs, kC,
-                                         2 * kC, id);
+    load_tri<2, NT>(sm + M::tinv(n), tinv + (sq.crow + n) * kChunkWs, id);
     cp_commit();
   };
   using All = std::integral_constant<int, kThreads>;
@@ -1333,17 +1376,6 @@ constexpr int Kt = 0, Qt = Kt + 16384, Th = Qt + 16384, Tl = Th + 8192, Ph = Tl 
               Vs = Pl + 8192, F = Vs + kC * SVS * 2, stage = (F + kFacRows * kC * 4 + 1023) / 1024 * 1024,
               bytes = 2 * stage;
 }  // namespace wgp
-
-// one 16-byte cp.async (global to shared; shared address sa of the generic pointer d)
-__device__ __forceinline__ void cp16(void* d, uint32_t sa, const void* src) {
-#ifdef WB_MMA_EMU
-  (void)sa;
-  wbemu::cp_async(d, src, 16);
-#else
-  (void)d;
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(sa), "l"(src));
-#endif
-}
 
 // A warp-specialised block's producer: chunk n's copies (issue(n, st), one commit group) into
 // stage st = n % 2 once its consumers are done with chunk n - 2 (they arrive at named barrier
@@ -1812,8 +1844,8 @@ mma_wcpass(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict_
 // ------------------------------------------------------------------- the warp-resident pass
 
 // One stage of the warp-resident pass (two, alternating): a chunk's keys and queries (QT, as
-// given), Tinv and PT (tf32, from prepare), the block's 16 NW value columns (QT) and the chunk's
-// factor rows (kFac). Offsets in floats.
+// given), Tinv and PT (tf32, from prepare; their lower block triangles), the block's 16 NW value
+// columns (QT) and the chunk's factor rows (kFac). Offsets in floats.
 template <int K, typename QT, int NW>
 struct WarpStage {
   static constexpr int BV = 16 * NW, QB = (int)sizeof(QT);
@@ -1837,7 +1869,7 @@ __device__ __forceinline__ void issue_warp_stage(float* sb, const QT* q, const Q
   using P = WarpStage<K, QT, NW>;
   load_tile<kC, K, P::SKK, NTH>(reinterpret_cast<QT*>(sb + P::Kk), k + qk0, (long)H * K, L, tid);
   load_tile<kC, K, P::SKK, NTH>(reinterpret_cast<QT*>(sb + P::Qq), q + qk0, (long)H * K, L, tid);
-  load_tile<2 * kC, kC, kPS, NTH, true>(sb + P::Tv, ws, kC, 2 * kC, tid);  // Tinv and PT
+  load_tri<2, NTH>(sb + P::Tv, ws, tid);  // Tinv and PT: their lower block triangles
   load_tile<kFacRows, kC, kC, NTH, true>(sb + P::F, ws + kFac, kC, kFacRows, tid);
   load_tile<kC, P::BV, P::SVT, NTH>(reinterpret_cast<QT*>(sb + P::Vt), v + v0, (long)HV * V, L,
                                     tid);

@@ -158,6 +158,30 @@ def test_emulated_producer_warps_copy_what_the_warps_copied(mma_pass, packed, mo
         assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), (copy, sched)
 
 
+@pytest.mark.parametrize("mma_pass", PASSES)
+def test_emulated_passes_read_only_the_triangles_they_copy(mma_pass, monkeypatch):
+    """The passes copy Tinv and PT as their lower block triangles (load_tri): the six blocks above
+    the diagonal keep the emulated shared memory's NaN fill, so a product that read one would not
+    be finite. With the copies issued by the computing warps, by one producer warp and by two
+    (each of load_tri's thread counts), warps drifting apart: o and the state finite, the same
+    bits from every copying form, and at the oracle (a packed batch with a one-token sequence,
+    K = 64; a batch at K = 128)."""
+    x = packed_inputs([0, 70, 1, 130, 64], H=1, HV=2, K=64, V=32, dtype=torch.bfloat16, seed=47)
+    y = make_inputs(1, 150, 1, 2, 128, 64, dtype=torch.bfloat16, state=True, seed=47)
+    monkeypatch.setenv("WB_EMU_SCHED", "skew")
+    for inputs in (x, y):
+        ro, rs = oracle.chunked(**inputs, qk_l2norm=True)
+        first = None
+        for copy in ("warps", "producer", "two"):
+            monkeypatch.setenv("WORKBENCH_GDN_MMA_COPY", copy)
+            o, s = run(inputs, mma_pass, monkeypatch, output_dtype=torch.float32)
+            assert torch.isfinite(o).all() and torch.isfinite(s).all(), copy
+            if first is None:
+                first = (o, s)
+                assert workbench.compare(ro, o).rel_l2 <= 5e-3 and workbench.compare(rs, s).rel_l2 <= 2e-3
+            assert torch.equal(o, first[0]) and torch.equal(s, first[1]), copy
+
+
 @pytest.mark.parametrize("mma_pass", ["smem", "smem16", "warp"])
 def test_emulated_16bit_inputs_equal_their_float32_widening(mma_pass, monkeypatch):
     """bf16 q, k, v read as given give the result of the same kernels fed float32 copies (exact
