@@ -5,8 +5,9 @@ their time follows the instructions they execute. This counts, per kernel, the S
 nvcc emits for it, by class (tensor-core mma, shared-memory loads, ldmatrix, conversions, exp,
 float arithmetic, ...): a change meant to cut instructions can be checked here before it is timed
 on a GPU. Counts are static (each instruction once; prepare is straight-line code but for a few
-short loops, each pass's body is its loop over chunks); ``loop`` is the kernel's largest loop,
-for a pass the code of one chunk (all branches of its o stores' element types included).
+short loops, each pass's body is its loop over chunks); ``loop`` is the kernel's loop with the
+most products (the largest loop where none has one), for a pass the code of one chunk (all
+branches of its o stores' element types included), not its copying warp's loop.
 
     python benchmarks/gdn_sass_mix.py --out benchmarks/results/gdn-sass-mix-YYYY-MM-DD.json
 
@@ -78,9 +79,11 @@ def kernel_mix(sass: str) -> dict:
 
 
 def main_loops(sass: str) -> dict:
-    """{kernel name: (instructions, mma)} of each kernel's largest loop (a backward branch's
-    range in the listing): a pass's loop over chunks, the code it runs once a chunk (inner loops
-    counted once; meaningful for the passes only)."""
+    """{kernel name: (instructions, mma)} of each kernel's loop with the most tensor-core products
+    (a backward branch's range in the listing; the largest of those, and the largest loop where
+    none has a product): a pass's loop over chunks, the code it runs once a chunk (inner loops
+    counted once; meaningful for the passes only), not its copying warp's loop, which may be
+    longer (the column pass's producer forms)."""
     out, name, body, labels = {}, None, [], {}
 
     def close():
@@ -91,8 +94,9 @@ def main_loops(sass: str) -> dict:
             m = re.search(r"`\(\.(L_x_\d+)\)", rest) if op == "BRA" else None
             if m and labels.get(m.group(1), i + 1) <= i:
                 seg = body[labels[m.group(1)]:i + 1]
-                best = max(best, (len(seg), sum(o in ("HMMA", "HGMMA") for o, _ in seg)))
-        out[name] = best
+                mma = sum(o in ("HMMA", "HGMMA") for o, _ in seg)
+                best = max(best, (mma, len(seg)))
+        out[name] = (best[1], best[0])
 
     for line in sass.splitlines():
         m = re.match(r"^\.text\.(\S+):", line)
@@ -167,7 +171,8 @@ def main():
                "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                "nvcc": ver, "arch": sm_arch(), "source": args.source,
                "note": "static SASS instruction counts per kernel (each instruction once); loop: the "
-                       "kernel's largest loop (a pass's loop over chunks; its inner loops once)", "rows": rows}
+                       "kernel's loop with the most products (a pass's loop over chunks; its "
+                       "inner loops once)", "rows": rows}
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(out, indent=1))
 

@@ -548,6 +548,49 @@ def test_pass_ab_variant_settings():
         ab._settings("X", "PATH=/tmp")
 
 
+def test_sass_mix_loop_is_the_one_with_the_products():
+    """benchmarks/gdn_sass_mix.py's ``loop``: the kernel's loop with the most tensor-core products
+    (a pass's chunk loop), not a longer loop without any (a copying warp's), and the largest loop
+    where none has a product; an outer loop counts its inner loops' instructions once."""
+    mix = benchmark_module("gdn_sass_mix")
+
+    def insn(op, addr):
+        return f"        /*{addr:04x}*/                   {op} ;"
+    lines, addr = [".text.kern:"], 0
+
+    def emit(*ops):
+        nonlocal addr
+        for op in ops:
+            lines.append(insn(op, addr))
+            addr += 16
+    lines.append(".L_x_1:")  # the copying warp's loop: 6 instructions, no product
+    emit("LDGSTS", "LDGSTS", "LDGSTS", "IADD3", "ISETP", "BRA `(.L_x_1)")
+    lines.append(".L_x_2:")  # the chunk loop: 5 instructions, an inner loop of 2
+    emit("HMMA")
+    lines.append(".L_x_3:")
+    emit("HMMA", "BRA `(.L_x_3)")
+    emit("FADD", "BRA `(.L_x_2)")
+    lines += [".text.plain:", ".L_x_4:"]
+    emit("FADD", "FADD", "BRA `(.L_x_4)")
+    lines.append(".L_x_5:")
+    emit("FADD", "BRA `(.L_x_5)")
+    loops = mix.main_loops("\n".join(lines))
+    assert loops["kern"] == (5, 2) and loops["plain"] == (3, 0)
+
+
+def test_pass_ab_times_the_shapes_named_first_first():
+    """benchmarks/gdn_pass_ab.py with --only times the shapes in the order of the filters they
+    match (K = V = 64 named first runs first, before a time limit can cut it); without, every
+    shape, the largest grids first."""
+    ab = benchmark_module("gdn_pass_ab")
+    names = [r[0] for r in ab._shapes(["K64", "B1 T8192", "seqs"])]
+    assert names[0] == "B1 T4096 H16 HV32 K64 V64" and names[1] == "B1 T8192 H16 HV32"
+    assert len(names) == 5 and all("seqs" in n for n in names[2:])
+    every = [r[0] for r in ab._shapes(None)]
+    assert len(every) == len(ab.PREFILL) and every[-1] == "B1 T4096 H16 HV32 K64 V64"
+    assert ab._shapes(["no such shape"]) == []
+
+
 # ------------------------------------------------------------ the wgmma pass (forced only)
 
 def test_emulated_wgmma_pass_against_oracle(monkeypatch):
