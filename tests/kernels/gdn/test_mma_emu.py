@@ -158,6 +158,8 @@ def test_emulated_producer_warps_copy_what_the_warps_copied(mma_pass, packed, mo
         assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), (copy, sched)
 
 
+# (slow tier: 24 emulated runs; every emulated test of the everyday tier reads the same NaN fill)
+@pytest.mark.slow
 @pytest.mark.parametrize("mma_pass", PASSES)
 def test_emulated_passes_read_only_the_triangles_they_copy(mma_pass, monkeypatch):
     """The passes copy Tinv and PT as their lower block triangles (load_tri): the six blocks above
