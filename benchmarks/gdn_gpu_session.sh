@@ -83,7 +83,8 @@ PY
 case "$mode" in
   tests)
     cmd="pytest -q -m gpu tests/kernels/gdn/test_varlen.py tests/kernels/test_graph_capture.py tests/kernels/gdn/test_ext.py tests/kernels/gdn/test_mma_emu.py tests/kernels/gdn/test_cuda_scalar_emu.py -k 'mma or packed or capturable or emul'"
-    [ $# -gt 0 ] && cmd="pytest -q -m gpu $*"  # or the tests named (node ids)
+    # or the tests named (node ids and pytest options, each argument kept whole: -k "a or b")
+    [ $# -gt 0 ] && cmd="pytest -q -m gpu$(printf ' %q' "$@")"
     # TESTS_K: a -k expression for the tests named (spaces allowed); TESTS_NAME: the result
     # file's name instead of mma-passes (several test runs in one call)
     [ $# -gt 0 ] && [ -n "${TESTS_K:-}" ] && cmd="$cmd -k '$TESTS_K'"
