@@ -597,11 +597,7 @@ __device__ __forceinline__ void load_tri(float* dst, const float* src, int id) {
   const int r0 = id / 4, c = 4 * (id % 4);
   float* d = dst + r0 * kPS + c;
   const float* s = src + r0 * kC + c;
-#ifndef WB_MMA_EMU
-  const unsigned ds = (unsigned)__cvta_generic_to_shared(d);
-#else
-  const unsigned ds = 0;
-#endif
+  const uint32_t ds = wbmma::smem_u32(d);
 #pragma unroll
   for (int m = 0; m < NM; ++m)
 #pragma unroll
