@@ -20,6 +20,10 @@
 //      the next chunk's inputs are copied into shared memory (cp.async) while this one computes,
 //      by warps launched only for the copies (two with the shared-memory pass, one with the
 //      warp-resident pass below 8 warps; WORKBENCH_GDN_MMA_COPY).
+//   Streaming (small grids of the shared-memory passes; stream_mode): prepare runs as one block
+//   an SM taking the chunks in order and marks each workspace row ready (GdnArgs.ready), and the
+//   pass, launched beside it at once, copies a chunk's row once it is marked: the pass's first
+//   chunks overlap prepare's last ones instead of waiting for prepare's end.
 // The kernels are templated on K (and the element type) so that tile strides and loop bounds are
 // constants: fragment addresses are then a base register plus immediates. Within each k-step of 8, slot t
 // of the fragments holds k = 2t and slot t + 4 holds k = 2t + 1 (any pairing of k with slots
@@ -2580,26 +2584,47 @@ cudaError_t launch_pass(const GdnArgs* a, const float* h0, float* state, int seq
 // on one SM together: registers (a warp's allocated in units of 256), shared memory (each
 // block's, static and dynamic, and the 1 KiB the system reserves a block) and threads. (The
 // emulation has no registers to count: it takes them to fit.)
+#ifndef WB_MMA_EMU
+// A kernel's registers a thread and static shared memory (cudaFuncGetAttributes), looked up once a
+// kernel (a launch asks at every call); false where the runtime does not say.
+bool func_regs_smem(const void* f, int& regs, size_t& smem) {
+  static struct { const void* f; int regs; size_t smem; } seen[64];
+  static int n = 0;
+  for (int i = 0; i < n; ++i)
+    if (seen[i].f == f) return regs = seen[i].regs, smem = seen[i].smem, true;
+  cudaFuncAttributes x;
+  if (cudaFuncGetAttributes(&x, f) != cudaSuccess) return cudaGetLastError(), false;
+  if (n < 64) seen[n++] = {f, x.numRegs, x.sharedSizeBytes};
+  regs = x.numRegs, smem = x.sharedSizeBytes;
+  return true;
+}
+#endif
+
 template <typename F1, typename F2>
 bool fit_beside(F1* f1, int t1, size_t m1, F2* f2, int t2, size_t m2) {
 #ifdef WB_MMA_EMU
   (void)f1, (void)t1, (void)m1, (void)f2, (void)t2, (void)m2;
   return true;
 #else
-  cudaFuncAttributes x1, x2;
-  int dev = 0, regs = 0, smem = 0, threads = 0, reserved = 0;
-  if (cudaFuncGetAttributes(&x1, f1) != cudaSuccess || cudaFuncGetAttributes(&x2, f2) != cudaSuccess ||
-      cudaGetDevice(&dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&regs, cudaDevAttrMaxRegistersPerMultiprocessor, dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&threads, cudaDevAttrMaxThreadsPerMultiProcessor, dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&reserved, cudaDevAttrReservedSharedMemoryPerBlock, dev) != cudaSuccess) {
-    cudaGetLastError();
-    return false;
+  static int regs = 0, smem = 0, threads = 0, reserved = -1;  // an SM's (device 0's kind)
+  if (reserved < 0) {
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&regs, cudaDevAttrMaxRegistersPerMultiprocessor, dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&threads, cudaDevAttrMaxThreadsPerMultiProcessor, dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&reserved, cudaDevAttrReservedSharedMemoryPerBlock, dev) != cudaSuccess) {
+      cudaGetLastError();
+      reserved = -1;
+      return false;
+    }
   }
-  auto warp_regs = [](int r) { return (r * 32 + 255) / 256 * 256; };
-  const long r = (long)(t1 / 32) * warp_regs(x1.numRegs) + (long)(t2 / 32) * warp_regs(x2.numRegs);
-  const long m = (long)(m1 + x1.sharedSizeBytes + reserved) + (long)(m2 + x2.sharedSizeBytes + reserved);
+  int r1, r2;
+  size_t s1, s2;
+  if (!func_regs_smem((const void*)f1, r1, s1) || !func_regs_smem((const void*)f2, r2, s2)) return false;
+  auto warp_regs = [](int r) { return (long)(r * 32 + 255) / 256 * 256; };
+  const long r = (t1 / 32) * warp_regs(r1) + (t2 / 32) * warp_regs(r2);
+  const long m = (long)(m1 + s1 + reserved) + (long)(m2 + s2 + reserved);
   return r <= regs && m <= smem && t1 + t2 <= threads;
 #endif
 }
