@@ -407,8 +407,9 @@ __device__ __forceinline__ void named_arrive(int id) {
 
 // Streaming (prepare beside the pass, WORKBENCH_GDN_MMA_STREAM): a workspace row's ready flag.
 // mark_ready, by one thread once the whole block's stores of the row are done (after a block
-// barrier): a release at GPU scope (fence, then the store), so that a thread that reads the flag
-// with wait_ready (an acquire) and then copies the row sees every store. In the emulation
+// barrier): a release at GPU scope (the barrier orders the block's stores before it), so that a
+// thread that reads the flag with wait_ready (an acquire) and then copies the row sees every
+// store. In the emulation
 // kernels run one after another, so a flag is set before any pass reads it; one that is not is a
 // launch failure (the pass would wait for a row prepare never marks), not a hang.
 #ifdef WB_MMA_EMU
@@ -420,7 +421,6 @@ __device__ __forceinline__ void wait_ready(const int* f) {
 }
 #else
 __device__ __forceinline__ void mark_ready(int* f) {
-  __threadfence();
   asm volatile("st.release.gpu.global.b32 [%0], %1;" ::"l"(f), "r"(1) : "memory");
 }
 __device__ __forceinline__ void wait_ready(const int* f) {
@@ -1018,7 +1018,9 @@ mma_prepare(const QT* __restrict__ q, const QT* __restrict__ k, const float* __r
       }
       WB_CLK(9);
       __syncthreads();  // the next value head overwrites gc, beta, A, Tinv and P
-      if (STREAM && tid == 0) mark_ready(ready + row0 + (long)hv * hstride);  // (streaming)
+      // (streaming; by warp 7: warp 0 leads the next value head's gate scan, and a release
+      // waits for the thread's stores to be visible)
+      if (STREAM && tid == kThreads - 32) mark_ready(ready + row0 + (long)hv * hstride);
       WB_CLK(10);
       WB_CLK_COUNT();
     }
