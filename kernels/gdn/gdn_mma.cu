@@ -407,29 +407,35 @@ __device__ __forceinline__ void named_arrive(int id) {
 
 // Streaming (prepare beside the pass, WORKBENCH_GDN_MMA_STREAM): a workspace row's ready flag.
 // mark_ready, by one thread once the whole block's stores of the row are done (after a block
-// barrier): a release at GPU scope (the barrier orders the block's stores before it), so that a
-// thread that reads the flag with wait_ready (an acquire) and then copies the row sees every
-// store. In the emulation
-// kernels run one after another, so a flag is set before any pass reads it; one that is not is a
-// launch failure (the pass would wait for a row prepare never marks), not a hang.
+// barrier): a release at GPU scope (the barrier orders the block's stores before it). wait_ready,
+// by a whole warp: lane 0 polls the flag (relaxed loads, a short sleep between) and, once set,
+// fences (acquire); __syncwarp then orders the warp's later copies of the row after it, so that
+// they see every store of the row (one poller and one fence a warp, not one a thread). In the
+// emulation kernels run one after another, so a flag is set before any pass reads it; one that
+// is not is a launch failure (the pass would wait for a row prepare never marks), not a hang.
 #ifdef WB_MMA_EMU
 __device__ __forceinline__ void mark_ready(int* f) { *f = 1; }
 __device__ __forceinline__ void wait_ready(const int* f) {
-  if (!*f)
+  if ((threadIdx.x & 31) == 0 && !*f)
     wbemu::fail(wbemu::cur(),
                 "streaming: the pass waits for a workspace row prepare never marked ready");
+  __syncwarp();
 }
 #else
 __device__ __forceinline__ void mark_ready(int* f) {
   asm volatile("st.release.gpu.global.b32 [%0], %1;" ::"l"(f), "r"(1) : "memory");
 }
 __device__ __forceinline__ void wait_ready(const int* f) {
-  int v;
-  for (;;) {
-    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(f) : "memory");
-    if (v) return;
-    __nanosleep(100);
+  if ((threadIdx.x & 31) == 0) {
+    int v;
+    for (;;) {
+      asm volatile("ld.relaxed.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(f) : "memory");
+      if (v) break;
+      __nanosleep(64);
+    }
+    asm volatile("fence.acq_rel.gpu;" ::: "memory");
   }
+  __syncwarp();
 }
 #endif
 
