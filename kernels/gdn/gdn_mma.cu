@@ -863,17 +863,22 @@ mma_prepare(const QT* __restrict__ q, const QT* __restrict__ k, const float* __r
   // A/B), the group x of HV / hvs: block x = (b HV / hvs + x) NC + chunk, or packed
   // x pk.nc + chunk (NC = pk.nc); the workspace row of value head hv: (b HV + hv) NC + chunk, or
   // packed hv pk.nc + chunk
-  const int groups = HV / hvs;
-  const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, gq = lane >> 2, tq = lane & 3;
   // items = 0: the block's own item x = blockIdx.x. Streaming (items > 0, ready set): a grid of
   // at most one block an SM, each taking items blockIdx.x, + gridDim.x, .. of the items in chunk
   // order (every head's first chunk, then every head's second, ..: the order the pass beside it
   // reads them), item i being x = (i % per) ncs + i / per of the layout above; each value head's
   // workspace row is marked ready once written.
-  const int ncs = pk.n == 0 ? NC : pk.nc, per = items > 0 ? items / ncs : 1;
   if (items > 0) launch_dependents();  // every block is resident: the pass may start beside them
-  int it = blockIdx.x;  // (the streaming grid has at most one block an item)
+  // (the item a block takes next lies in shared memory: no register carries it over the item)
+  __shared__ int next;
+  if (threadIdx.x == 0) next = blockIdx.x;  // (the streaming grid has at most one block an item)
+  __syncthreads();
   do {
+    // (formed again each item: nothing but the item's index crosses from one item to the next)
+    const int groups = HV / hvs;
+    const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, gq = lane >> 2, tq = lane & 3;
+    const int it = *reinterpret_cast<volatile int*>(&next);
+    const int ncs = pk.n == 0 ? NC : pk.nc, per = items > 0 ? items / ncs : 1;
     const int x = items > 0 ? (it % per) * ncs + it / per : it;
     int b, hv0, t0, L, row0, hstride;
     if (pk.n == 0) {
@@ -1030,7 +1035,9 @@ mma_prepare(const QT* __restrict__ q, const QT* __restrict__ k, const float* __r
       WB_CLK(10);
       WB_CLK_COUNT();
     }
-  } while (STREAM && (it += gridDim.x) < items);
+    if (STREAM && tid == 0) next += gridDim.x;  // (read after the barrier that ends the item)
+    if constexpr (STREAM) __syncthreads();
+  } while (STREAM && *reinterpret_cast<volatile int*>(&next) < items);
 }
 
 // ------------------------------------------------------------------------------- the pass
