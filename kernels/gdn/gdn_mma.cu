@@ -822,7 +822,7 @@ struct PrepSmem {
   static constexpr int QK = kC * SK * (int)sizeof(QT) / 4;
   static constexpr int Ks = 0, Qs = Ks + QK, As = Qs + QK, Xs = As + kC * kPS, Ts = Xs + kC * kPS,
                        Ps = Ts + kC * kTS, gc = Ps + kC * kPS, bt = gc + kC, nq = bt + kC,
-                       nk = nq + kC, floats = nk + kC;
+                       nk = nq + kC, nx = nk + kC, floats = nx + 4;  // nx: streaming's next item
 };
 
 // Per (b, h, chunk), all chunks in parallel, for each of the HV / H value heads hv of key head h
@@ -870,7 +870,7 @@ mma_prepare(const QT* __restrict__ q, const QT* __restrict__ k, const float* __r
   // workspace row is marked ready once written.
   if (items > 0) launch_dependents();  // every block is resident: the pass may start beside them
   // (the item a block takes next lies in shared memory: no register carries it over the item)
-  __shared__ int next;
+  int& next = *reinterpret_cast<int*>(sm + S::nx);
   if (threadIdx.x == 0) next = blockIdx.x;  // (the streaming grid has at most one block an item)
   __syncthreads();
   do {
