@@ -760,10 +760,6 @@ inline cudaError_t cudaDeviceGetAttribute(int* v, cudaDeviceAttr, int) {
   *v = e && atoi(e) > 0 ? atoi(e) : 132;
   return cudaSuccess;
 }
-inline cudaError_t cudaMemsetAsync(void* p, int v, size_t n, cudaStream_t) {
-  memset(p, v, n);
-  return cudaSuccess;
-}
 inline cudaError_t cudaGetLastError() {
   const cudaError_t e = ::wbemu::last_error();
   ::wbemu::last_error() = cudaSuccess;

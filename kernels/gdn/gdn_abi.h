@@ -32,8 +32,6 @@ struct GdnArgs {
   int beta_dtype;
   int qk_l2norm;      // 1: the models' L2 norm of q and k rows is applied in the kernel
   int zero_state;     // 1: the initial state is zeros (h0 and state are not read)
-  int* ready;         // the mma path: one int32 a workspace row (tinv's rows), the flags of
-                      //   streaming prepare beside the pass (zeroed by the launcher); or null
 };
 
 #define GDN_ARGS_LAYOUT                                                                                  \
@@ -45,4 +43,4 @@ struct GdnArgs {
             WB_OFF(GdnArgs, scale), WB_OFF(GdnArgs, chunk), WB_OFF(GdnArgs, acc64),                       \
             WB_OFF(GdnArgs, in_dtype), WB_OFF(GdnArgs, o_dtype), WB_OFF(GdnArgs, h0),         \
             WB_OFF(GdnArgs, g_dtype), WB_OFF(GdnArgs, beta_dtype), WB_OFF(GdnArgs, qk_l2norm),             \
-            WB_OFF(GdnArgs, zero_state), WB_OFF(GdnArgs, ready))
+            WB_OFF(GdnArgs, zero_state))

@@ -20,10 +20,6 @@
 //      the next chunk's inputs are copied into shared memory (cp.async) while this one computes,
 //      by warps launched only for the copies (two with the shared-memory pass, one with the
 //      warp-resident pass below 8 warps; WORKBENCH_GDN_MMA_COPY).
-//   Streaming (small grids of the shared-memory passes; stream_mode): prepare runs as one block
-//   an SM taking the chunks in order and marks each workspace row ready (GdnArgs.ready), and the
-//   pass, launched beside it at once, copies a chunk's row once it is marked: the pass's first
-//   chunks overlap prepare's last ones instead of waiting for prepare's end.
 // The kernels are templated on K (and the element type) so that tile strides and loop bounds are
 // constants: fragment addresses are then a base register plus immediates. Within each k-step of 8, slot t
 // of the fragments holds k = 2t and slot t + 4 holds k = 2t + 1 (any pairing of k with slots
@@ -402,40 +398,6 @@ __device__ __forceinline__ void named_sync() {
 template <int N>
 __device__ __forceinline__ void named_arrive(int id) {
   asm volatile("bar.arrive %0, %1;" ::"r"(id), "n"(N) : "memory");
-}
-#endif
-
-// Streaming (prepare beside the pass, WORKBENCH_GDN_MMA_STREAM): a workspace row's ready flag.
-// mark_ready, by one thread once the whole block's stores of the row are done (after a block
-// barrier): a release at GPU scope (the barrier orders the block's stores before it). wait_ready,
-// by a whole warp: lane 0 polls the flag (relaxed loads, a short sleep between) and, once set,
-// fences (acquire); __syncwarp then orders the warp's later copies of the row after it, so that
-// they see every store of the row (one poller and one fence a warp, not one a thread). In the
-// emulation kernels run one after another, so a flag is set before any pass reads it; one that
-// is not is a launch failure (the pass would wait for a row prepare never marks), not a hang.
-#ifdef WB_MMA_EMU
-__device__ __forceinline__ void mark_ready(int* f) { *f = 1; }
-__device__ __forceinline__ void wait_ready(const int* f) {
-  if ((threadIdx.x & 31) == 0 && !*f)
-    wbemu::fail(wbemu::cur(),
-                "streaming: the pass waits for a workspace row prepare never marked ready");
-  __syncwarp();
-}
-#else
-__device__ __forceinline__ void mark_ready(int* f) {
-  asm volatile("st.release.gpu.global.b32 [%0], %1;" ::"l"(f), "r"(1) : "memory");
-}
-__device__ __forceinline__ void wait_ready(const int* f) {
-  if ((threadIdx.x & 31) == 0) {
-    int v;
-    for (;;) {
-      asm volatile("ld.relaxed.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(f) : "memory");
-      if (v) break;
-      __nanosleep(64);
-    }
-    asm volatile("fence.acq_rel.gpu;" ::: "memory");
-  }
-  __syncwarp();
 }
 #endif
 
@@ -822,7 +784,7 @@ struct PrepSmem {
   static constexpr int QK = kC * SK * (int)sizeof(QT) / 4;
   static constexpr int Ks = 0, Qs = Ks + QK, As = Qs + QK, Xs = As + kC * kPS, Ts = Xs + kC * kPS,
                        Ps = Ts + kC * kTS, gc = Ps + kC * kPS, bt = gc + kC, nq = bt + kC,
-                       nk = nq + kC, nx = nk + kC, floats = nx + 4;  // nx: streaming's next item
+                       nk = nq + kC, floats = nk + kC;
 };
 
 // Per (b, h, chunk), all chunks in parallel, for each of the HV / H value heads hv of key head h
@@ -837,14 +799,13 @@ struct PrepSmem {
 // diagonal blocks of (I + A)^-1 in float32 (warps 0-1, gdn_mma.h); the identity's columns by
 // blocked forward substitution (warps 0-1, 32 columns each) while warps 2-7 form P from their
 // Q K^T; then PT by mma (every warp, one 16 x 32 tile).
-template <int K, typename QT, bool HALVES = false, bool STREAM = false>
+template <int K, typename QT, bool HALVES = false>
 __global__ void __launch_bounds__(kThreads, 2)
 mma_prepare(const QT* __restrict__ q, const QT* __restrict__ k, const float* __restrict__ g,
             const float* __restrict__ beta, const float* __restrict__ nq,
             const float* __restrict__ nk, float* __restrict__ tinv, int T, int H, int HV, int NC,
-            int hvs, int skip, const Packed pk, int* ready, int items_) {
+            int hvs, int skip, const Packed pk) {
   using S = PrepSmem<K, QT>;
-  const int items = STREAM ? items_ : 0;  // (the ordinary grid's instance: one item a block)
   constexpr int SK = S::SK;
   WB_CLK_INIT(0);
   WB_DYNAMIC_SMEM(float4, smem4);
@@ -863,181 +824,159 @@ mma_prepare(const QT* __restrict__ q, const QT* __restrict__ k, const float* __r
   // A/B), the group x of HV / hvs: block x = (b HV / hvs + x) NC + chunk, or packed
   // x pk.nc + chunk (NC = pk.nc); the workspace row of value head hv: (b HV + hv) NC + chunk, or
   // packed hv pk.nc + chunk
-  // items = 0: the block's own item x = blockIdx.x. Streaming (items > 0, ready set): a grid of
-  // at most one block an SM, each taking items blockIdx.x, + gridDim.x, .. of the items in chunk
-  // order (every head's first chunk, then every head's second, ..: the order the pass beside it
-  // reads them), item i being x = (i % per) ncs + i / per of the layout above; each value head's
-  // workspace row is marked ready once written.
-  if (items > 0) launch_dependents();  // every block is resident: the pass may start beside them
-  // (the item a block takes next lies in shared memory: no register carries it over the item)
-  int& next = *reinterpret_cast<int*>(sm + S::nx);
-  if (threadIdx.x == 0) next = blockIdx.x;  // (the streaming grid has at most one block an item)
+  const int groups = HV / hvs;
+  int b, hv0, t0, L, row0, hstride;
+  if (pk.n == 0) {
+    const int bx = blockIdx.x / NC, n = blockIdx.x % NC;
+    b = bx / groups, hv0 = (bx % groups) * hvs, t0 = n * kC, L = gdn::imin(kC, T - t0);
+    row0 = b * HV * NC + n, hstride = NC;
+  } else {
+    const int c = blockIdx.x % pk.nc, i = packed_seq_of_chunk(pk, c);
+    b = 0, hv0 = (blockIdx.x / pk.nc) * hvs, t0 = pk.tok[i] + (c - pk.chk[i]) * kC;
+    L = gdn::imin(kC, pk.tok[i + 1] - t0);
+    row0 = c, hstride = pk.nc;
+  }
+  const int h = hv0 / (HV / H);
+  const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, gq = lane >> 2, tq = lane & 3;
+  load_tile<kC, K, SK>(Ks, k + gdn::qk_index(b, t0, h, T, H, K), (long)H * K, L, tid);
+  load_tile<kC, K, SK>(Qs, q + gdn::qk_index(b, t0, h, T, H, K), (long)H * K, L, tid);
+  cp_commit();
+  if (w == 1) {  // the L2-norm factors of the chunk's queries and keys
+    for (int i = lane; i < kC; i += 32) {
+      nqv[i] = i < L ? norm_at(nq, qk_row(b, t0 + i, h, T, H)) : 1.f;
+      nkv[i] = i < L ? norm_at(nk, qk_row(b, t0 + i, h, T, H)) : 1.f;
+    }
+  }
+  cp_wait<0>();
   __syncthreads();
-  do {
-    // (formed again each item: nothing but the item's index crosses from one item to the next)
-    const int groups = HV / hvs;
-    const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, gq = lane >> 2, tq = lane & 3;
-    const int it = *reinterpret_cast<volatile int*>(&next);
-    const int ncs = pk.n == 0 ? NC : pk.nc, per = items > 0 ? items / ncs : 1;
-    const int x = items > 0 ? (it % per) * ncs + it / per : it;
-    int b, hv0, t0, L, row0, hstride;
-    if (pk.n == 0) {
-      const int bx = x / NC, n = x % NC;
-      b = bx / groups, hv0 = (bx % groups) * hvs, t0 = n * kC, L = gdn::imin(kC, T - t0);
-      row0 = b * HV * NC + n, hstride = NC;
-    } else {
-      const int c = x % pk.nc, i = packed_seq_of_chunk(pk, c);
-      b = 0, hv0 = (x / pk.nc) * hvs, t0 = pk.tok[i] + (c - pk.chk[i]) * kC;
-      L = gdn::imin(kC, pk.tok[i + 1] - t0);
-      row0 = c, hstride = pk.nc;
-    }
-    const int h = hv0 / (HV / H);
-    load_tile<kC, K, SK>(Ks, k + gdn::qk_index(b, t0, h, T, H, K), (long)H * K, L, tid);
-    load_tile<kC, K, SK>(Qs, q + gdn::qk_index(b, t0, h, T, H, K), (long)H * K, L, tid);
-    cp_commit();
-    if (w == 1) {  // the L2-norm factors of the chunk's queries and keys
-      for (int i = lane; i < kC; i += 32) {
-        nqv[i] = i < L ? norm_at(nq, qk_row(b, t0 + i, h, T, H)) : 1.f;
-        nkv[i] = i < L ? norm_at(nk, qk_row(b, t0 + i, h, T, H)) : 1.f;
+  launch_dependents();  // the pass may start (a dependent launch; its copies wait for this grid's end)
+  WB_CLK(0);
+  // the raw products, kept for every value head: K K^T at rows ia.., columns na.. (zero tiles
+  // above the diagonal blocks are not formed), Q K^T (warps 2-7) at rows ip.., columns jp..
+  const int ia = (w & 3) * 16, na = (w >> 2) * 32;
+  const int ip = w < 6 ? 16 * (w - 2) : 16 * (w - 4), jp = w < 6 ? 0 : 32;
+  float ka[1][4][4], pa[1][4][4];
+  zero(ka);
+  zero(pa);
+  if (na <= ia + 15) {
+    if constexpr (is_f32<QT>)
+      gemm<1, 4, K, SK, 1, 1, SK, true, true>(ka, Ks + ia * SK, Ks + na * SK, lane);
+    else
+      gemm_rows16<4, K, SK, SK>(ka, Ks + ia * SK, Ks + na * SK, lane);
+  }
+  if (w >= 2) {
+    if constexpr (is_f32<QT>)
+      gemm<1, 4, K, SK, 1, 1, SK, true, true>(pa, Qs + ip * SK, Ks + jp * SK, lane);
+    else
+      gemm_rows16<4, K, SK, SK>(pa, Qs + ip * SK, Ks + jp * SK, lane);
+  }
+  WB_CLK(1);
+  for (int vh = 0; vh < hvs; ++vh) {
+    const int hv = hv0 + vh;
+    float* out = tinv + (long)(row0 + (long)hv * hstride) * kChunkWs;  // Tinv, PT, the factors
+    if (w == 0) {  // inclusive scan of g over the chunk, two steps per lane
+      const int i0 = 2 * lane, i1 = i0 + 1;
+      const float a0 = i0 < L ? g[gdn::gate_index(b, t0 + i0, hv, T, HV)] : 0.f;
+      const float a1 = i1 < L ? g[gdn::gate_index(b, t0 + i1, hv, T, HV)] : 0.f;
+      float s = a0 + a1;
+#pragma unroll
+      for (int off = 1; off < 32; off <<= 1) {
+        const float y = __shfl_up_sync(0xffffffffu, s, off);
+        if (lane >= off) s += y;
       }
+      float ex = __shfl_up_sync(0xffffffffu, s, 1);
+      if (lane == 0) ex = 0.f;
+      const float c0 = ex + a0, c1 = c0 + a1;
+      gc[i0] = c0;
+      gc[i1] = c1;
+      bt[i0] = i0 < L ? beta[gdn::gate_index(b, t0 + i0, hv, T, HV)] : 0.f;
+      bt[i1] = i1 < L ? beta[gdn::gate_index(b, t0 + i1, hv, T, HV)] : 0.f;
     }
-    cp_wait<0>();
+    WB_CLK(2);
     __syncthreads();
-    // the pass may start (a dependent launch; its copies wait for this grid's end)
-    if (items == 0) launch_dependents();
-    WB_CLK(0);
-    // the raw products, kept for every value head: K K^T at rows ia.., columns na.. (zero tiles
-    // above the diagonal blocks are not formed), Q K^T (warps 2-7) at rows ip.., columns jp..
-    const int ia = (w & 3) * 16, na = (w >> 2) * 32;
-    const int ip = w < 6 ? 16 * (w - 2) : 16 * (w - 4), jp = w < 6 ? 0 : 32;
-    float ka[1][4][4], pa[1][4][4];
-    zero(ka);
-    zero(pa);
-    if (na <= ia + 15) {
-      if constexpr (is_f32<QT>)
-        gemm<1, 4, K, SK, 1, 1, SK, true, true>(ka, Ks + ia * SK, Ks + na * SK, lane);
-      else
-        gemm_rows16<4, K, SK, SK>(ka, Ks + ia * SK, Ks + na * SK, lane);
-    }
-    if (w >= 2) {
-      if constexpr (is_f32<QT>)
-        gemm<1, 4, K, SK, 1, 1, SK, true, true>(pa, Qs + ip * SK, Ks + jp * SK, lane);
-      else
-        gemm_rows16<4, K, SK, SK>(pa, Qs + ip * SK, Ks + jp * SK, lane);
-    }
-    WB_CLK(1);
-    for (int vh = 0; vh < hvs; ++vh) {
-      const int hv = hv0 + vh;
-      float* out = tinv + (long)(row0 + (long)hv * hstride) * kChunkWs;  // Tinv, PT, the factors
-      if (w == 0) {  // inclusive scan of g over the chunk, two steps per lane
-        const int i0 = 2 * lane, i1 = i0 + 1;
-        const float a0 = i0 < L ? g[gdn::gate_index(b, t0 + i0, hv, T, HV)] : 0.f;
-        const float a1 = i1 < L ? g[gdn::gate_index(b, t0 + i1, hv, T, HV)] : 0.f;
-        float s = a0 + a1;
-  #pragma unroll
-        for (int off = 1; off < 32; off <<= 1) {
-          const float y = __shfl_up_sync(0xffffffffu, s, off);
-          if (lane >= off) s += y;
-        }
-        float ex = __shfl_up_sync(0xffffffffu, s, 1);
-        if (lane == 0) ex = 0.f;
-        const float c0 = ex + a0, c1 = c0 + a1;
-        gc[i0] = c0;
-        gc[i1] = c1;
-        bt[i0] = i0 < L ? beta[gdn::gate_index(b, t0 + i0, hv, T, HV)] : 0.f;
-        bt[i1] = i1 < L ? beta[gdn::gate_index(b, t0 + i1, hv, T, HV)] : 0.f;
+    WB_CLK(3);
+    // A = K K^T, decayed and scaled, strictly lower
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const int i = ia + gq + 8 * (r >> 1), j = na + nt * 8 + 2 * tq + (r & 1);
+        const float a = j < i ? bt[i] * (ka[0][nt][r] * (nkv[i] * nkv[j])) * expf(gc[i] - gc[j])
+                              : 0.f;
+        As[i * kPS + j] = j / 16 < i / 16 ? rtf32(a) : a;  // below the diagonal blocks: operands
       }
-      WB_CLK(2);
-      __syncthreads();
-      WB_CLK(3);
-      // A = K K^T, decayed and scaled, strictly lower
-  #pragma unroll
+    WB_CLK(4);
+    __syncthreads();
+    WB_CLK(5);
+    if (tid < 64) {  // warps 0-1: the diagonal blocks of (I + A)^-1, one column each
+      const int o = (tid / 16) * 16, j = tid % 16;
+      float x[16];
+      gdn::inverse_diag16_column(As, kPS, o, j, x);
+#pragma unroll
+      for (int i = 0; i < 16; ++i) Xs[(o + i) * kPS + o + j] = rtf32(x[i]);
+      // (I + A)^-1, 32 columns per warp: warp 0 formed diagonal blocks 0-1 and warp 1 blocks
+      // 2-3, and each warp's substitution reads all four, so the two warps meet first (named
+      // barrier)
+      named_sync<1, 64>();
+      solve_block_columns<kTS, !HALVES>(As, Xs, Ts + 32 * w, out, lane, 32 * w, skip);
+    } else {  // warps 2-7: P, one 16 x 32 tile each of the six on or below the diagonal
+#pragma unroll
       for (int nt = 0; nt < 4; ++nt)
-  #pragma unroll
+#pragma unroll
         for (int r = 0; r < 4; ++r) {
-          const int i = ia + gq + 8 * (r >> 1), j = na + nt * 8 + 2 * tq + (r & 1);
-          const float a = j < i ? bt[i] * (ka[0][nt][r] * (nkv[i] * nkv[j])) * expf(gc[i] - gc[j])
-                                : 0.f;
-          As[i * kPS + j] = j / 16 < i / 16 ? rtf32(a) : a;  // below the diagonal blocks: operands
+          const int i = ip + gq + 8 * (r >> 1), j = jp + nt * 8 + 2 * tq + (r & 1);
+          Ps[i * kPS + j] =
+              j <= i ? rtf32(pa[0][nt][r] * (nqv[i] * nkv[j]) * expf(gc[i] - gc[j])) : 0.f;
         }
-      WB_CLK(4);
-      __syncthreads();
-      WB_CLK(5);
-      if (tid < 64) {  // warps 0-1: the diagonal blocks of (I + A)^-1, one column each
-        const int o = (tid / 16) * 16, j = tid % 16;
-        float x[16];
-        gdn::inverse_diag16_column(As, kPS, o, j, x);
-  #pragma unroll
-        for (int i = 0; i < 16; ++i) Xs[(o + i) * kPS + o + j] = rtf32(x[i]);
-        // (I + A)^-1, 32 columns per warp: warp 0 formed diagonal blocks 0-1 and warp 1 blocks
-        // 2-3, and each warp's substitution reads all four, so the two warps meet first (named
-        // barrier)
-        named_sync<1, 64>();
-        solve_block_columns<kTS, !HALVES>(As, Xs, Ts + 32 * w, out, lane, 32 * w, skip);
-      } else {  // warps 2-7: P, one 16 x 32 tile each of the six on or below the diagonal
-  #pragma unroll
-        for (int nt = 0; nt < 4; ++nt)
-  #pragma unroll
-          for (int r = 0; r < 4; ++r) {
-            const int i = ip + gq + 8 * (r >> 1), j = jp + nt * 8 + 2 * tq + (r & 1);
-            Ps[i * kPS + j] =
-                j <= i ? rtf32(pa[0][nt][r] * (nqv[i] * nkv[j]) * expf(gc[i] - gc[j])) : 0.f;
-          }
-      }
-      WB_CLK(6);
-      __syncthreads();
-      WB_CLK(7);
-      {  // PT = P Tinv, rows 16 (w % 4).., columns 32 (w / 4).. (upper tiles: zeros, not computed)
-        const int i0 = (w & 3) * 16, j0 = (w >> 2) * 32;
-        float acc[1][4][4];
-        zero(acc);
-        if (j0 <= i0 + 15)
-          gemm_to<1, 4, kPS, 1, kTS, 1>(acc, Ps + i0 * kPS, Ts + j0, i0 + 16, lane);
-  #pragma unroll
-        for (int nt = 0; nt < 4; ++nt)
-  #pragma unroll
-          for (int hf = 0; hf < 2; ++hf) {
-            const int i = i0 + gq + 8 * hf, c = j0 + nt * 8 + 2 * tq;
-            // (halves: PT to As, free since the substitution, then both halves below)
-            *reinterpret_cast<float2*>(HALVES ? As + i * kPS + c : out + kC * kC + i * kC + c) =
-                make_float2(rtf32(acc[0][nt][2 * hf]), rtf32(acc[0][nt][2 * hf + 1]));
-          }
-      }
-      if constexpr (HALVES) {  // Tinv's and PT's halves from shared memory (Tinv: the substitution's R)
-        __syncthreads();
-        for (int idx = tid; idx < kC * kC; idx += kThreads) {
-          const int m = idx / (kC * kC / 2), r = (idx / (kC / 2)) % kC, c = 2 * (idx % (kC / 2));
-          put_ws<true>(out + m * kC * kC, r, c, *reinterpret_cast<const float2*>(m ? As + r * kPS + c : Ts + r * kTS + c));
-        }
-      }
-      WB_CLK(8);
-      {  // the passes' per-position factors (kFac): the expressions the passes evaluated themselves
-         // until 2026-12-05, on the values they staged then (past the chunk's end gc 0, beta 0 and
-         // norm factors 1), so the bits are theirs (benchmarks/gdn_emu_bitwise.py)
-        const float gl = gc[L - 1];
-        for (int idx = tid; idx < kFacRows * kC; idx += kThreads) {
-          const int part = idx / kC, i = idx % kC;
-          const float gi = i < L ? gc[i] : 0.f;
-          float f;
-          if (part == 0) f = expf(gi) * nkv[i];
-          else if (part == 1) f = expf(gi) * nqv[i];
-          else if (part == 2) f = bt[i];
-          else if (part == 3) f = i < L ? expf(gl - gc[i]) * nkv[i] : 0.f;
-          else f = i == 0 ? expf(gl) : 0.f;
-          out[kFac + idx] = f;
-        }
-      }
-      WB_CLK(9);
-      __syncthreads();  // the next value head overwrites gc, beta, A, Tinv and P
-      // (streaming; by warp 7: warp 0 leads the next value head's gate scan, and a release
-      // waits for the thread's stores to be visible)
-      if (STREAM && tid == kThreads - 32) mark_ready(ready + row0 + (long)hv * hstride);
-      WB_CLK(10);
-      WB_CLK_COUNT();
     }
-    if (STREAM && tid == 0) next += gridDim.x;  // (read after the barrier that ends the item)
-    if constexpr (STREAM) __syncthreads();
-  } while (STREAM && *reinterpret_cast<volatile int*>(&next) < items);
+    WB_CLK(6);
+    __syncthreads();
+    WB_CLK(7);
+    {  // PT = P Tinv, rows 16 (w % 4).., columns 32 (w / 4).. (upper tiles: zeros, not computed)
+      const int i0 = (w & 3) * 16, j0 = (w >> 2) * 32;
+      float acc[1][4][4];
+      zero(acc);
+      if (j0 <= i0 + 15)
+        gemm_to<1, 4, kPS, 1, kTS, 1>(acc, Ps + i0 * kPS, Ts + j0, i0 + 16, lane);
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+          const int i = i0 + gq + 8 * hf, c = j0 + nt * 8 + 2 * tq;
+          // (halves: PT to As, free since the substitution, then both halves below)
+          *reinterpret_cast<float2*>(HALVES ? As + i * kPS + c : out + kC * kC + i * kC + c) =
+              make_float2(rtf32(acc[0][nt][2 * hf]), rtf32(acc[0][nt][2 * hf + 1]));
+        }
+    }
+    if constexpr (HALVES) {  // Tinv's and PT's halves from shared memory (Tinv: the substitution's R)
+      __syncthreads();
+      for (int idx = tid; idx < kC * kC; idx += kThreads) {
+        const int m = idx / (kC * kC / 2), r = (idx / (kC / 2)) % kC, c = 2 * (idx % (kC / 2));
+        put_ws<true>(out + m * kC * kC, r, c, *reinterpret_cast<const float2*>(m ? As + r * kPS + c : Ts + r * kTS + c));
+      }
+    }
+    WB_CLK(8);
+    {  // the passes' per-position factors (kFac): the expressions the passes evaluated themselves
+       // until 2026-12-05, on the values they staged then (past the chunk's end gc 0, beta 0 and
+       // norm factors 1), so the bits are theirs (benchmarks/gdn_emu_bitwise.py)
+      const float gl = gc[L - 1];
+      for (int idx = tid; idx < kFacRows * kC; idx += kThreads) {
+        const int part = idx / kC, i = idx % kC;
+        const float gi = i < L ? gc[i] : 0.f;
+        float f;
+        if (part == 0) f = expf(gi) * nkv[i];
+        else if (part == 1) f = expf(gi) * nqv[i];
+        else if (part == 2) f = bt[i];
+        else if (part == 3) f = i < L ? expf(gl - gc[i]) * nkv[i] : 0.f;
+        else f = i == 0 ? expf(gl) : 0.f;
+        out[kFac + idx] = f;
+      }
+    }
+    WB_CLK(9);
+    __syncthreads();  // the next value head overwrites gc, beta, A, Tinv and P
+    WB_CLK(10);
+    WB_CLK_COUNT();
+  }
 }
 
 // ------------------------------------------------------------------------------- the pass
@@ -1122,8 +1061,7 @@ template <int K, typename QT, int BV>
 __global__ void __launch_bounds__(kThreads + 64, pass_lean<K, QT, BV> ? 2 : 1)
 mma_pass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restrict__ v,
          const float* __restrict__ tinv, const float* h0, float* state, void* __restrict__ o,
-         int T, int H, int HV, int V, float scale, int odt, int NC, const Packed pk,
-         const int* ready) {
+         int T, int H, int HV, int V, float scale, int odt, int NC, const Packed pk) {
   static_assert(pass_bv_ok<BV>, "32 or 16 value columns a block");
   using P = PassStage<K, QT, BV>;
   using M = PassSmem<K, QT, BV>;
@@ -1190,11 +1128,8 @@ mma_pass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restric
   // so the results are the same.
   const int producers = (int)(blockDim.x - kThreads) / 32;
   const bool prod = producers > 0;
-  // streaming (ready set; producers only): chunk n's workspace row is copied once prepare,
-  // running beside this grid, has marked it ready (every copy of the row is issued after it)
   auto produce = [&](auto nt, int id) {
     if (sq.nc > 0) {
-      if (ready) wait_ready(ready + sq.crow);
       issue(0, nt, id, true);
       issue_q(0, nt, id, true);
       if constexpr (M::lean) issue_t(0, nt, id);
@@ -1203,7 +1138,6 @@ mma_pass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restric
       if constexpr (M::lean) cp_wait<1>();
       else cp_wait<0>();
       __syncthreads();  // 1
-      if (n + 1 < sq.nc && ready) wait_ready(ready + sq.crow + n + 1);
       if (n + 1 < sq.nc) issue(n + 1, nt, id, true);
       if constexpr (M::lean) {
         if (n + 1 < sq.nc) cp_wait<1>();
@@ -1217,8 +1151,7 @@ mma_pass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restric
     }
   };
   if (w >= kThreads / 32) {
-    // prepare's workspace complete (a dependent launch; else nothing); streaming: row by row
-    if (!ready) wait_for_primary();
+    wait_for_primary();  // prepare's workspace complete (a dependent launch; else nothing)
     if (producers == 1) produce(std::integral_constant<int, 32>{}, tid - kThreads);
     else produce(std::integral_constant<int, 64>{}, tid - kThreads);
     return;
@@ -2562,18 +2495,9 @@ cudaError_t launch_wcpass(const GdnArgs* a, const float* h0, float* state, int s
                                               : go(std::integral_constant<int, 32>{});
 }
 
-// The shared-memory pass's bytes as launched (launch_pass: lean blocks that fit one an SM with a
-// dependent launch ask for 116 KiB, so that two do not share an SM)
-template <int K, typename QT, int BV>
-size_t pass_ask(long blocks, bool pdl) {
-  const size_t bytes = sizeof(float) * PassSmem<K, QT, BV>::floats;
-  return pass_lean<K, QT, BV> && pdl && blocks <= sm_count() && bytes < 116 * 1024 ? 116 * 1024
-                                                                                     : bytes;
-}
-
 template <int K, typename QT, int BV>
 cudaError_t launch_pass(const GdnArgs* a, const float* h0, float* state, int seqs, int NC,
-                        const Packed& pk, cudaStream_t s, bool pdl, const int* ready) {
+                        const Packed& pk, cudaStream_t s, bool pdl) {
   constexpr size_t bytes = sizeof(float) * PassSmem<K, QT, BV>::floats;
   static_assert(bytes <= 227 * 1024, "the shared-memory pass's shared memory");
   // lean staging: two blocks an SM (228 KiB an SM, 1 KiB of it reserved a block)
@@ -2588,74 +2512,14 @@ cudaError_t launch_pass(const GdnArgs* a, const float* h0, float* state, int seq
   // pdl: lean blocks would land where prepare's blocks end first, two an SM while other SMs idle
   // (measured with the pass beside prepare's tail, 2026-12-06): where the grid fits on the SMs
   // one a block, it asks for more than half an SM's shared memory (one of prepare's still fits)
-  const size_t ask = pass_ask<K, QT, BV>((long)grid.x * grid.y, pdl);
-  if (ask != bytes && (err = allow_smem(mma_pass<K, QT, BV>, ask)) != cudaSuccess) return err;
+  size_t ask = bytes;
+  if (pass_lean<K, QT, BV> && pdl && (long)grid.x * grid.y <= sm_count()) {
+    ask = bytes > 116 * 1024 ? bytes : 116 * 1024;
+    if ((err = allow_smem(mma_pass<K, QT, BV>, ask)) != cudaSuccess) return err;
+  }
   return WB_LAUNCH_PDL(grid, kThreads + 32 * copy_producers(), ask, s, pdl, mma_pass<K, QT, BV>)(
       static_cast<const QT*>(a->q), static_cast<const QT*>(a->k), static_cast<const QT*>(a->v),
-      a->tinv, h0, state, a->o, a->T, a->H, a->HV, a->V, a->scale, a->o_dtype, NC, pk, ready);
-}
-
-// Whether a block of kernel f1 (t1 threads, m1 bytes of dynamic shared memory) and one of f2 fit
-// on one SM together: registers (a warp's allocated in units of 256), shared memory (each
-// block's, static and dynamic, and the 1 KiB the system reserves a block) and threads. (The
-// emulation has no registers to count: it takes them to fit.)
-#ifndef WB_MMA_EMU
-// A kernel's registers a thread and static shared memory (cudaFuncGetAttributes), looked up once a
-// kernel (a launch asks at every call); false where the runtime does not say.
-bool func_regs_smem(const void* f, int& regs, size_t& smem) {
-  static struct { const void* f; int regs; size_t smem; } seen[64];
-  static int n = 0;
-  for (int i = 0; i < n; ++i)
-    if (seen[i].f == f) return regs = seen[i].regs, smem = seen[i].smem, true;
-  cudaFuncAttributes x;
-  if (cudaFuncGetAttributes(&x, f) != cudaSuccess) return cudaGetLastError(), false;
-  if (n < 64) seen[n++] = {f, x.numRegs, x.sharedSizeBytes};
-  regs = x.numRegs, smem = x.sharedSizeBytes;
-  return true;
-}
-#endif
-
-template <typename F1, typename F2>
-bool fit_beside(F1* f1, int t1, size_t m1, F2* f2, int t2, size_t m2) {
-#ifdef WB_MMA_EMU
-  (void)f1, (void)t1, (void)m1, (void)f2, (void)t2, (void)m2;
-  return true;
-#else
-  static int regs = 0, smem = 0, threads = 0, reserved = -1;  // an SM's (device 0's kind)
-  if (reserved < 0) {
-    int dev = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&regs, cudaDevAttrMaxRegistersPerMultiprocessor, dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&threads, cudaDevAttrMaxThreadsPerMultiProcessor, dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&reserved, cudaDevAttrReservedSharedMemoryPerBlock, dev) != cudaSuccess) {
-      cudaGetLastError();
-      reserved = -1;
-      return false;
-    }
-  }
-  int r1, r2;
-  size_t s1, s2;
-  if (!func_regs_smem((const void*)f1, r1, s1) || !func_regs_smem((const void*)f2, r2, s2)) return false;
-  auto warp_regs = [](int r) { return (long)(r * 32 + 255) / 256 * 256; };
-  const long r = (t1 / 32) * warp_regs(r1) + (t2 / 32) * warp_regs(r2);
-  const long m = (long)(m1 + s1 + reserved) + (long)(m2 + s2 + reserved);
-  return r <= regs && m <= smem && t1 + t2 <= threads;
-#endif
-}
-
-// Streaming (WORKBENCH_GDN_MMA_STREAM, read at each launch; "off" / "on" for A/Bs; otherwise the
-// rule): prepare as one block an SM, each taking chunks in order and marking each value head's
-// workspace row ready, and the pass launched beside it at once (a dependent launch), each block
-// copying a chunk's row once it is marked, so that the pass's first chunks overlap prepare's last.
-// Only the shared-memory passes with copying warps take it. The rule: where the pass's grid fits
-// on the SMs one block an SM (a prepare block beside each) and a block of each fits on an SM
-// together (fit_beside); else prepare's 2 blocks an SM keep the SMs and the pass waits for its end
-// as before. "on" streams wherever the pass can (the pass then waits for SMs as prepare's blocks
-// end). The results are the same bit for bit: the same blocks' arithmetic in another order.
-int stream_mode() {
-  const char* e = getenv("WORKBENCH_GDN_MMA_STREAM");
-  return e && !strcmp(e, "off") ? 0 : e && !strcmp(e, "on") ? 2 : 1;
+      a->tinv, h0, state, a->o, a->T, a->H, a->HV, a->V, a->scale, a->o_dtype, NC, pk);
 }
 
 // prepare and the pass over seqs sequences of NC chunks at most: a plain batch (pk.n = 0, seqs =
@@ -2684,51 +2548,27 @@ cudaError_t launch_chunks(const GdnArgs* a, const float* h0, float* state, int s
   const int skip = !(se && !strcmp(se, "full"));
   // a launch of only empty sequences has no chunk to prepare; its pass still copies h0 (or zeros)
   // into their final states
+  auto prepare = [&](auto halves) {
+    constexpr bool HALVES = decltype(halves)::value;
+    const cudaError_t e = allow_smem(mma_prepare<K, QT, HALVES>, s1);
+    if (e == cudaSuccess && chunks > 0)
+      WB_LAUNCH(chunks * (HV / hvs), kThreads, s1, s, mma_prepare<K, QT, HALVES>)(
+          q, k, a->g, a->beta, a->nq, a->nk, a->tinv, a->T, a->H, HV, NC, hvs, skip, pk);
+    return e;
+  };
+  if ((err = wg ? prepare(std::bool_constant<wgk>{}) : prepare(std::false_type{})) != cudaSuccess) return err;
   // the pass launched to start beside prepare's last blocks (it waits for prepare's end before it
   // copies the workspace; after a launch of only empty sequences, which has no prepare, an
   // ordinary launch); WORKBENCH_GDN_MMA_PDL=off: an ordinary launch (A/Bs)
   const char* pd = getenv("WORKBENCH_GDN_MMA_PDL");
   const bool pdl = chunks > 0 && !(pd && !strcmp(pd, "off"));
-  // streaming (stream_mode): the smem passes (nw 0, 1) with copying warps, a dependent launch and
-  // the flags' buffer (a->ready: one int a workspace row)
-  const int items = chunks * (HV / hvs);
-  bool stream = false;
-  if (a->ready && pdl && (nw == 0 || nw == 1) && copy_producers() > 0 && !wg) {
-    const int mode = stream_mode();
-    const long blocks = (long)seqs * HV * (V / (nw == 1 ? 16 : 32));
-    const int pt = kThreads + 32 * copy_producers();
-    const bool fits =
-        nw == 1 ? fit_beside(mma_prepare<K, QT, false, true>, kThreads, s1, mma_pass<K, QT, 16>, pt,
-                             pass_ask<K, QT, 16>(blocks, pdl))
-                : fit_beside(mma_prepare<K, QT, false, true>, kThreads, s1, mma_pass<K, QT, 32>, pt,
-                             pass_ask<K, QT, 32>(blocks, pdl));
-    stream = mode == 2 || (mode == 1 && blocks <= sm_count() && fits);
-  }
-  const int* ready = stream ? a->ready : nullptr;
-  const size_t rows = (size_t)(pk.n ? 1 : seqs) * HV * NC;  // the launch's workspace rows
-  if (stream && (err = cudaMemsetAsync(a->ready, 0, sizeof(int) * rows, s)) != cudaSuccess)
-    return err;
-  auto prepare = [&](auto halves, auto streaming) {
-    constexpr bool HALVES = decltype(halves)::value, STREAM = decltype(streaming)::value;
-    const cudaError_t e = allow_smem(mma_prepare<K, QT, HALVES, STREAM>, s1);
-    const int grid = STREAM ? (items < sm_count() ? items : sm_count()) : items;
-    if (e == cudaSuccess && chunks > 0)
-      WB_LAUNCH(grid, kThreads, s1, s, mma_prepare<K, QT, HALVES, STREAM>)(
-          q, k, a->g, a->beta, a->nq, a->nk, a->tinv, a->T, a->H, HV, NC, hvs, skip, pk,
-          STREAM ? a->ready : nullptr, STREAM ? items : 0);
-    return e;
-  };
-  err = wg       ? prepare(std::bool_constant<wgk>{}, std::false_type{})
-        : stream ? prepare(std::false_type{}, std::true_type{})
-                 : prepare(std::false_type{}, std::false_type{});
-  if (err != cudaSuccess) return err;
   if constexpr (wgk) {
     if constexpr (K == 128)
       if (nw == kWg) return launch_wgpass<QT>(a, h0, state, seqs, NC, pk, s, pdl);
     if (nw == kWc) return launch_wcpass<K>(a, h0, state, seqs, NC, pk, s, pdl);
   }
-  if (nw == 0) return launch_pass<K, QT, 32>(a, h0, state, seqs, NC, pk, s, pdl, ready);
-  if (nw == 1) return launch_pass<K, QT, 16>(a, h0, state, seqs, NC, pk, s, pdl, ready);
+  if (nw == 0) return launch_pass<K, QT, 32>(a, h0, state, seqs, NC, pk, s, pdl);
+  if (nw == 1) return launch_pass<K, QT, 16>(a, h0, state, seqs, NC, pk, s, pdl);
   if (nw & kPair)
     return nw == (kPair | 8)   ? launch_ppass<K, QT, 4>(a, h0, state, seqs, NC, pk, s, pdl)
            : nw == (kPair | 4) ? launch_ppass<K, QT, 2>(a, h0, state, seqs, NC, pk, s, pdl)

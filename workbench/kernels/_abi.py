@@ -42,7 +42,7 @@ class GdnArgs(_Args):
                                     "stream")),
                 *((n, _I) for n in ("B", "T", "H", "HV", "K", "V")), ("scale", _F),
                 *((n, _I) for n in ("chunk", "acc64", "in_dtype", "o_dtype")), ("h0", _P),
-                *((n, _I) for n in ("g_dtype", "beta_dtype", "qk_l2norm", "zero_state")), ("ready", _P)]
+                *((n, _I) for n in ("g_dtype", "beta_dtype", "qk_l2norm", "zero_state"))]
 
 
 class SplitkArgs(_Args):

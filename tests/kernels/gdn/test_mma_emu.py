@@ -243,25 +243,6 @@ def test_emulated_dependent_launch_changes_nothing(mma_pass, monkeypatch):
     same_bits_with(p, "WORKBENCH_GDN_MMA_PDL", "off", monkeypatch, mma_pass)
 
 
-@pytest.mark.parametrize("mma_pass", ["smem", "smem16"])
-@pytest.mark.parametrize("sms", ["132", "3"])
-def test_emulated_streaming_changes_nothing(mma_pass, sms, monkeypatch):
-    """Streaming (prepare as at most one block an SM taking the chunks in order and marking each
-    workspace row ready; the pass copying a row once marked): the bits of prepare's ordinary grid
-    (WORKBENCH_GDN_MMA_STREAM=off), for a batch of two sequences and key heads with two value
-    heads each and a packed batch with empty and one-token sequences; with 3 emulated SMs each
-    prepare block takes several chunks. The emulation fails a launch whose pass would wait for a
-    row prepare never marked, so this also checks that every row the pass reads is the row
-    prepare wrote and marked."""
-    monkeypatch.setenv("WB_EMU_SMS", sms)
-    monkeypatch.setenv("WORKBENCH_GDN_MMA_STREAM", "on")
-    x = make_inputs(2, 150, 2, 4, 64, 64, dtype=torch.bfloat16, state=True, seed=21)
-    same_bits_with(x, "WORKBENCH_GDN_MMA_STREAM", "off", monkeypatch, mma_pass)
-    monkeypatch.setenv("WORKBENCH_GDN_MMA_STREAM", "on")
-    p = packed_inputs([0, 1, 67, 0, 130, 64], H=1, HV=2, K=64, V=64, dtype=torch.bfloat16, seed=23)
-    same_bits_with(p, "WORKBENCH_GDN_MMA_STREAM", "off", monkeypatch, mma_pass)
-
-
 GUARDED = r"""
 import ctypes, mmap, os, sys
 import torch
@@ -467,36 +448,6 @@ def test_gpu_dependent_launch(mma_pass, monkeypatch):
         assert torch.isfinite(w[0].float()).all()
         assert torch.equal(w[0], g[0]) and torch.equal(w[1], g[1])
         assert torch.equal(w[0], r[0]) and torch.equal(w[1], r[1])
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("mma_pass", ["smem", "smem16"])
-def test_gpu_streaming(mma_pass, monkeypatch):
-    """On the GPU, prepare streaming beside the pass (each workspace row marked ready by prepare,
-    copied by the pass once marked: WORKBENCH_GDN_MMA_STREAM=on, and the rule at K = V = 64)
-    gives the bits of prepare's ordinary grid (=off), called eagerly and replayed from a CUDA
-    graph (the flags zeroed at each replay), for a batch, a packed batch with empty sequences and
-    the K = V = 64 shape of the benchmark matrix (where the rule streams)."""
-    from workbench.kernels import gdn
-    monkeypatch.setenv("WORKBENCH_GDN_CUDA_PATH", "mma")
-    monkeypatch.setenv("WORKBENCH_GDN_MMA_PASS", mma_pass)
-    both = gpu_batch_and_packed(1, 3000, 16, 32, seed=19)
-    k64 = {n: t.cuda() for n, t in make_inputs(1, 4096, 16, 32, 64, 64, dtype=torch.bfloat16,
-                                                  state=True, seed=29).items()}
-
-    def calls():
-        return (*both(), gdn.chunked(**k64, qk_l2norm=True, backend="ext"))
-
-    monkeypatch.setenv("WORKBENCH_GDN_MMA_STREAM", "off")
-    want = calls()
-    for mode in ("on", "auto"):
-        monkeypatch.setenv("WORKBENCH_GDN_MMA_STREAM", mode)
-        got = [calls() for _ in range(3)]
-        replayed = graph_replayed(calls, times=5)
-        for w, *g in zip(want, *got, replayed):
-            assert torch.isfinite(w[0].float()).all()
-            for x in g:
-                assert torch.equal(w[0], x[0]) and torch.equal(w[1], x[1]), mode
 
 
 @pytest.mark.gpu

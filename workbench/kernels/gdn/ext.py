@@ -398,14 +398,11 @@ def _launch_mma(lib, a, s, C, acc64, tensors, o, qk_l2norm, cu_seqlens=None):
         tinv = torch.empty(s.B, s.HV, -(-s.T // 64), MMA_CHUNK_WS, **f32)
     else:
         tinv = torch.empty(s.HV, mma_packed_workspace_chunks(cu_seqlens), MMA_CHUNK_WS, **f32)
-    # one int32 a workspace row: the ready flags of prepare streaming beside the pass (zeroed by
-    # the launcher where it streams)
-    ready = torch.empty(tinv.shape[:-1].numel(), dtype=torch.int32, device=q.device)
-    ws = [tinv, ready]
+    ws = [tinv]
     if qk_l2norm:
         ws += [torch.empty(s.B, s.T, s.H, **f32) for _ in range(2)]
-        a.nq, a.nk = ws[2].data_ptr(), ws[3].data_ptr()
-    a.tinv, a.ready = tinv.data_ptr(), ready.data_ptr()
+        a.nq, a.nk = ws[1].data_ptr(), ws[2].data_ptr()
+    a.tinv = tinv.data_ptr()
     a.in_dtype, a.o_dtype = MMA_IN[q.dtype], MMA_OUT[o.dtype]
     if cu_seqlens is None:
         rc = lib.gdn_chunked_mma_cuda(ctypes.byref(a))
