@@ -981,11 +981,10 @@ mma_prepare(const QT* __restrict__ q, const QT* __restrict__ k, const float* __r
 
 // ------------------------------------------------------------------------------- the pass
 
-// Value columns a block of the shared-memory pass: 32 (its launch by default), 16 (twice the
-// blocks, each chunk's products over the 8 warps in half the steps a warp; `smem16`) or 8 (four
-// times the blocks, two an SM, each warp one n-tile of its products; `smem8`).
+// Value columns a block of the shared-memory pass: 32 (its launch by default) or 16 (twice the
+// blocks, each chunk's products over the 8 warps in half the steps a warp; `smem16`).
 template <int BV>
-constexpr bool pass_bv_ok = BV == 32 || BV == 16 || BV == 8;
+constexpr bool pass_bv_ok = BV == 32 || BV == 16;
 
 // One stage of the pass (two, alternating): a chunk's keys (QT, as given), Tinv and PT (tf32,
 // from prepare; their lower block triangles, load_tri), the block's BV value columns (QT) and the
@@ -1000,12 +999,12 @@ struct PassStage {
   static_assert(Tv % 4 == 0 && Vt % 4 == 0 && F % 4 == 0, "16-byte stage rows");
 };
 
-// The 16- and 8-column blocks with 16-bit inputs stage leanly: only the keys and the factor rows
-// have two buffers; Tinv / PT and the value columns have one, refilled once the chunk is done with
-// them (V after R, Tinv and PT after U and o), so that two blocks fit on an SM (110.5 KiB of
-// shared memory at K = 128 and 16 columns, at most 96 registers a thread: 20 warps an SM).
+// The 16-column blocks with 16-bit inputs stage leanly: only the keys and the factor rows have two
+// buffers; Tinv / PT and the value columns have one, refilled once the chunk is done with them (V
+// after R, Tinv and PT after U and o), so that two blocks fit on an SM (110.5 KiB of shared memory
+// at K = 128, at most 128 registers a thread: 16 warps an SM).
 template <int K, typename QT, int BV>
-constexpr bool pass_lean = BV <= 16 && !is_f32<QT>;
+constexpr bool pass_lean = BV == 16 && !is_f32<QT>;
 
 // The chunk's inputs (two stages; lean: [keys 0][keys 1][factors 0][factors 1][Tinv][PT][V]),
 // then the chunk's queries (one buffer: the next chunk's are copied once this one's are used),
@@ -1016,7 +1015,7 @@ struct PassSmem {
   using P = PassStage<K, QT, BV>;
   static constexpr bool lean = pass_lean<K, QT, BV>;
   static constexpr int SQ = is_f32<QT> ? K + 4 : K + 8, SST = is_f32<QT> ? K + 4 : K + 8,
-                       SUT = kC + 8, SR = BV == 8 ? 20 : BV + 4;
+                       SUT = kC + 8, SR = BV + 4;
   static constexpr int KS = kC * P::SKK * (int)sizeof(QT) / 4, FS = kFacRows * kC,
                        LF = 2 * KS, LT = LF + 2 * FS, LV = LT + 2 * kC * kPS,
                        inputs = lean ? LV + kC * P::SVT * (int)sizeof(QT) / 4 : 2 * P::floats;
@@ -1049,13 +1048,12 @@ struct PassSmem {
 // first half + second half), Tinv R and PT R one chain over the triangle's depth.
 // BV = 32: warp w owns rows 16 (w % 4).. and columns 16 (w / 4).. of R, U and o and forms both
 // K S and Q S there (sharing S's fragments), both Tinv R and PT R (sharing R's).
-// BV = 16 or 8: warps 0-3 own rows 16 w.. of R and U (K S, then Tinv R) and warps 4-7 rows
-// 16 (w - 4).. of o (Q S, then PT R), all BV columns: each warp half (a quarter) of the products
-// of the 32-column block's, every element's products, operands and order the same (a column's
-// results are bit for bit those of the 32-column pass).
+// BV = 16: warps 0-3 own rows 16 w.. of R and U (K S, then Tinv R) and warps 4-7 rows
+// 16 (w - 4).. of o (Q S, then PT R), all 16 columns: each warp half the products of the
+// 32-column block's, every element's products, operands and order the same (a column's results
+// are bit for bit those of the 32-column pass).
 // The state rows of the update, 8 warps over K x BV: K = 128: rows 16 w.., all BV columns;
-// K = 64: rows 16 (w % 4).., columns (BV / 2) (w / 4)..; K = 64 at 8 columns: warps 0-3, rows
-// 16 w.., the 8 columns (warps 4-7 hold none of the state). Three block barriers a chunk; the next
+// K = 64: rows 16 (w % 4).., columns (BV / 2) (w / 4)... Three block barriers a chunk; the next
 // chunk's inputs are copied (cp.async) while this one computes (lean staging: its keys and
 // factors from the first barrier on, V from the second, Tinv and PT from the third, the latter
 // waited for at the next chunk's second barrier; two blocks an SM).
@@ -1067,11 +1065,9 @@ mma_pass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restric
   static_assert(pass_bv_ok<BV>, "32 or 16 value columns a block");
   using P = PassStage<K, QT, BV>;
   using M = PassSmem<K, QT, BV>;
-  constexpr bool kHalf = BV <= 16;  // K S / Tinv R and Q S / PT R on separate warps
-  constexpr int NB = kHalf ? BV / 8 : 2;  // the n-tiles of a warp's K S, Q S, Tinv R, PT R and o
-  constexpr bool kS4 = K == 64 && BV == 8;  // the state on warps 0-3 alone
+  constexpr bool kHalf = BV == 16;  // K S / Tinv R and Q S / PT R on separate warps
   constexpr int SKK = P::SKK, SQ = M::SQ, SST = M::SST, SUT = M::SUT, SR = M::SR;
-  constexpr int NT3 = K == 128 ? BV / 8 : kS4 ? 1 : BV / 16;  // the update's n-tiles a warp
+  constexpr int NT3 = (K == 128 ? BV : BV / 2) / 8;  // the update's n-tiles a warp
   static_assert(SQ == SKK, "keys and queries share the fragments' row stride");
   WB_DYNAMIC_SMEM(float4, smem4);
   float* sm = reinterpret_cast<float*>(smem4);
@@ -1083,8 +1079,7 @@ mma_pass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restric
   const int b = sq.b, hv = blockIdx.x % HV, h = hv / (HV / H), c0 = blockIdx.y * BV;
   const int tend = sq.first + sq.len;
   const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, gq = lane >> 2, tq = lane & 3;
-  const int r3 = K == 128 ? 16 * w : 16 * (w & 3), n3 = K == 128 || kS4 ? 0 : (BV / 2) * (w >> 2);
-  const bool holds = !kS4 || w < 4;  // this warp holds state rows (warp-uniform)
+  const int r3 = K == 128 ? 16 * w : 16 * (w & 3), n3 = K == 128 ? 0 : (BV / 2) * (w >> 2);
   const int r1 = 16 * (w & 3), n1 = kHalf ? 0 : 16 * (w >> 2);
   const bool qrole = kHalf && w >= 4;  // BV = 16: this warp forms Q S and PT R (warp-uniform)
   WB_CLK_INIT(1);
@@ -1169,8 +1164,8 @@ mma_pass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restric
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf) {
       const int r = r3 + gq + 8 * hf, c = n3 + nt * 8 + 2 * tq;
-      const float2 x = h0 && holds ? *reinterpret_cast<const float2*>(h0 + at + (long)r * V + c)
-                                   : make_float2(0.f, 0.f);
+      const float2 x = h0 ? *reinterpret_cast<const float2*>(h0 + at + (long)r * V + c)
+                          : make_float2(0.f, 0.f);
       s[0][nt][2 * hf] = x.x;
       s[0][nt][2 * hf + 1] = x.y;
     }
@@ -1184,16 +1179,14 @@ mma_pass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restric
   for (int n = 0; n < sq.nc; ++n) {
     const int t0 = sq.first + n * kC, L = gdn::imin(kC, tend - t0);
     // the state before this chunk, rounded, to shared memory (the B operand of K S and Q S)
-    if (holds) {
 #pragma unroll
-      for (int nt = 0; nt < NT3; ++nt)
+    for (int nt = 0; nt < NT3; ++nt)
 #pragma unroll
-        for (int hf = 0; hf < 2; ++hf) {
-          const int r = r3 + gq + 8 * hf, c = n3 + nt * 8 + 2 * tq;
-          Ss[c * SST + r] = rtf32(s[0][nt][2 * hf]);
-          Ss[(c + 1) * SST + r] = rtf32(s[0][nt][2 * hf + 1]);
-        }
-    }
+      for (int hf = 0; hf < 2; ++hf) {
+        const int r = r3 + gq + 8 * hf, c = n3 + nt * 8 + 2 * tq;
+        Ss[c * SST + r] = rtf32(s[0][nt][2 * hf]);
+        Ss[(c + 1) * SST + r] = rtf32(s[0][nt][2 * hf + 1]);
+      }
     WB_CLK(1);
     if constexpr (M::lean) cp_wait<1>();  // all but this chunk's Tinv and PT
     else cp_wait<0>();
@@ -1206,7 +1199,7 @@ mma_pass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restric
     const float* Tc = sm + M::tinv(n);  // Tinv, then PT
     // the chunk's factors: exp(gc) nk, exp(gc) nq, beta, exp(gc_last - gc) nk, exp(gc_last)
     const float *fek = sm + M::facs(n), *feq = fek + kC, *fbt = feq + kC, *fd = fbt + kC;
-    float o1[1][NB][4];  // exp(gc_i) nq_i (Q S)_i, the inter-chunk part of o
+    float o1[1][2][4];  // exp(gc_i) nq_i (Q S)_i, the inter-chunk part of o
     const float* sbn = Ss + n1 * SST;
     if constexpr (!kHalf) {
       // K S and Q S, each as two independent chains over K / 2, sharing S's fragments
@@ -1243,16 +1236,16 @@ mma_pass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restric
       }
     } else {
       // K S (warps 0-3) or Q S (warps 4-7), two chains over K / 2 as above
-      float x[1][NB][4], x2[1][NB][4];
+      float x[1][2][4], x2[1][2][4];
       zero(x);
       zero(x2);
       const QT* A = qrole ? Qs + r1 * SQ : Kc + r1 * SKK;
       if constexpr (is_f32<QT>) {
-        gemm_one<NB, K / 2, SKK, 1, 1, SST, true, false>(x, A, sbn, 0, lane);
-        gemm_one<NB, K / 2, SKK, 1, 1, SST, true, false>(x2, A + K / 2, sbn + K / 2, 0, lane);
+        gemm_one<2, K / 2, SKK, 1, 1, SST, true, false>(x, A, sbn, 0, lane);
+        gemm_one<2, K / 2, SKK, 1, 1, SST, true, false>(x2, A + K / 2, sbn + K / 2, 0, lane);
       } else {
-        gemm_one16<NB, K / 2, SKK, SST>(x, A, sbn, lane);
-        gemm_one16<NB, K / 2, SKK, SST>(x2, A + K / 2, sbn + K / 2, lane);
+        gemm_one16<2, K / 2, SKK, SST>(x, A, sbn, lane);
+        gemm_one16<2, K / 2, SKK, SST>(x2, A + K / 2, sbn + K / 2, lane);
       }
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf) {
@@ -1260,7 +1253,7 @@ mma_pass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restric
         if (!qrole) {
           const float ek = fek[i], bi = fbt[i];
 #pragma unroll
-          for (int nt = 0; nt < NB; ++nt) {
+          for (int nt = 0; nt < 2; ++nt) {
             const int c = nt * 8 + 2 * tq;
             const float2 vv = ld2(Vc + i * P::SVT + c);
             const float k0 = x[0][nt][2 * hf] + x2[0][nt][2 * hf];
@@ -1271,7 +1264,7 @@ mma_pass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restric
         } else {
           const float eq = feq[i];
 #pragma unroll
-          for (int nt = 0; nt < NB; ++nt) {
+          for (int nt = 0; nt < 2; ++nt) {
             o1[0][nt][2 * hf] = eq * (x[0][nt][2 * hf] + x2[0][nt][2 * hf]);
             o1[0][nt][2 * hf + 1] = eq * (x[0][nt][2 * hf + 1] + x2[0][nt][2 * hf + 1]);
           }
@@ -1288,23 +1281,23 @@ mma_pass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restric
     if (n + 1 < sq.nc && !prod) issue_q(n + 1, All{}, tid, false);
     WB_CLK(6);
     {  // U = Tinv R and PT R (both lower triangular: depth r1 + 16)
-      float u[1][NB][4], y[1][NB][4];
+      float u[1][2][4], y[1][2][4];
       zero(u);
       zero(y);
       if constexpr (!kHalf)  // sharing R's fragments
         gemm_pair<2, 0, kPS, 1, SR, 1, false, false>(u, y, Tc + r1 * kPS, Tc + (kC + r1) * kPS,
                                                      Rs + n1, r1 + 16, lane);
       else if (!qrole)
-        gemm_one<NB, 0, kPS, 1, SR, 1, false, false>(u, Tc + r1 * kPS, Rs, r1 + 16, lane);
+        gemm_one<2, 0, kPS, 1, SR, 1, false, false>(u, Tc + r1 * kPS, Rs, r1 + 16, lane);
       else
-        gemm_one<NB, 0, kPS, 1, SR, 1, false, false>(y, Tc + (kC + r1) * kPS, Rs, r1 + 16, lane);
+        gemm_one<2, 0, kPS, 1, SR, 1, false, false>(y, Tc + (kC + r1) * kPS, Rs, r1 + 16, lane);
       if (!qrole) {
 #pragma unroll
         for (int hf = 0; hf < 2; ++hf) {
           const int i = r1 + gq + 8 * hf;
           const float d = fd[i];
 #pragma unroll
-          for (int nt = 0; nt < NB; ++nt) {
+          for (int nt = 0; nt < 2; ++nt) {
             const int c = n1 + nt * 8 + 2 * tq;
             Ud[c * SUT + i] = rtf32(d * u[0][nt][2 * hf]);
             Ud[(c + 1) * SUT + i] = rtf32(d * u[0][nt][2 * hf + 1]);
@@ -1320,7 +1313,7 @@ mma_pass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restric
             if (r1 + gq + 8 * hf >= L) continue;
             auto* p = op + orow + (long)(8 * hf) * HV * V;
 #pragma unroll
-            for (int nt = 0; nt < NB; ++nt)
+            for (int nt = 0; nt < 2; ++nt)
               put2(p + 8 * nt, scale * (o1[0][nt][2 * hf] + y[0][nt][2 * hf]),
                    scale * (o1[0][nt][2 * hf + 1] + y[0][nt][2 * hf + 1]));
           }
@@ -1333,21 +1326,18 @@ mma_pass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restric
     if constexpr (M::lean)
       if (n + 1 < sq.nc && !prod) issue_t(n + 1, All{}, tid);
     // S <- exp(gc_last) S + K^T Ud (A(i, j) = K[j][i], raw keys rounded at the fragment load)
-    if (holds) {
-      const float el = fd[kC];
+    const float el = fd[kC];
 #pragma unroll
-      for (int nt = 0; nt < NT3; ++nt)
+    for (int nt = 0; nt < NT3; ++nt)
 #pragma unroll
-        for (int r = 0; r < 4; ++r) s[0][nt][r] *= el;
-      if constexpr (is_f32<QT>)
-        gemm<1, NT3, kC, 1, SKK, 1, SUT, true, false>(s, Kc + r3, Ud + n3 * SUT, lane);
-      else  // 16-bit keys: A fragments by transposing ldmatrix
-        gemm16t<NT3, kC, SKK, SUT>(s, Kc + r3, Ud + n3 * SUT, lane);
-    }
+      for (int r = 0; r < 4; ++r) s[0][nt][r] *= el;
+    if constexpr (is_f32<QT>)
+      gemm<1, NT3, kC, 1, SKK, 1, SUT, true, false>(s, Kc + r3, Ud + n3 * SUT, lane);
+    else  // 16-bit keys: A fragments by transposing ldmatrix
+      gemm16t<NT3, kC, SKK, SUT>(s, Kc + r3, Ud + n3 * SUT, lane);
     WB_CLK(9);
     WB_CLK_COUNT();
   }
-  if (!holds) return;
 #pragma unroll
   for (int nt = 0; nt < NT3; ++nt)
 #pragma unroll
@@ -2367,8 +2357,7 @@ int sm_count() {
 // depend on it.
 // WORKBENCH_GDN_MMA_PASS=wgmma the wgmma pass (K = V = 128 with bf16 q, k, v; elsewhere the
 // shared-memory pass), in no rule yet.
-// WORKBENCH_GDN_MMA_PASS=warp|smem|smem16|smem8 forces a pass (tests, benchmarks; smem8: the
-// shared-memory pass at 8 value columns a block, two blocks an SM) and =pair the
+// WORKBENCH_GDN_MMA_PASS=warp|smem|smem16 forces a pass (tests, benchmarks) and =pair the
 // warp-pair pass (16-bit inputs; float32 ones take the warp-resident pass), which is in no rule:
 // at best 3% faster than the warp-resident pass (a mixed packed batch), slower on the other
 // shapes of the same A/B; anything else: the rule.
@@ -2382,7 +2371,7 @@ int copy_producers() {
   return e && !strcmp(e, "producer") ? 1 : 2;
 }
 
-constexpr int kS8 = 3, kPair = 64, kWg = 128, kWc = 256;
+constexpr int kPair = 64, kWg = 128, kWc = 256;
 // The block of the fewest waves over the SMs, then the fewest warps: warps 2, 4, .. wmax a block,
 // 16 value columns each warp (pair = false) or each two warps (pair = true).
 int fewest_waves(int BH, int V, int sms, int wmax, bool pair) {
@@ -2401,8 +2390,7 @@ enum ElemKind { kBf16 = 0, kF32 = 1, kF16 = 2 };
 template <typename QT>
 constexpr int elem_kind = is_f32<QT> ? kF32 : std::is_same<QT, __nv_bfloat16>::value ? kBf16 : kF16;
 
-// The pass code (0 smem, 1 smem16, kS8 smem8, kPair | warps, kWg, kWc, else the warp-resident
-// pass's warps)
+// The pass code (0 smem, 1 smem16, kPair | warps, kWg, kWc, else the warp-resident pass's warps)
 // for BH heads of V value columns, K key columns and q, k, v of element kind `kind`, on sms SMs:
 // the pass that runs (a forced wgmma pass where it does not apply is the shared-memory pass's 0).
 int pass_plan(int BH, int K, int V, int kind, int sms) {
@@ -2412,7 +2400,6 @@ int pass_plan(int BH, int K, int V, int kind, int sms) {
   const int warp = fewest_waves(BH, V, sms, f32 ? 2 : 8, false);
   if (forced("smem")) return 0;
   if (forced("smem16")) return 1;
-  if (forced("smem8")) return kS8;
   if (forced("warp")) return warp;
   if (forced("pair")) return f32 ? warp : kPair | fewest_waves(BH, V, sms, 8, true);
   // the wgmma passes take bf16 q, k, v (the wgmma pass K = V = 128); elsewhere the shared-memory pass
@@ -2582,7 +2569,6 @@ cudaError_t launch_chunks(const GdnArgs* a, const float* h0, float* state, int s
   }
   if (nw == 0) return launch_pass<K, QT, 32>(a, h0, state, seqs, NC, pk, s, pdl);
   if (nw == 1) return launch_pass<K, QT, 16>(a, h0, state, seqs, NC, pk, s, pdl);
-  if (nw == kS8) return launch_pass<K, QT, 8>(a, h0, state, seqs, NC, pk, s, pdl);
   if (nw & kPair)
     return nw == (kPair | 8)   ? launch_ppass<K, QT, 4>(a, h0, state, seqs, NC, pk, s, pdl)
            : nw == (kPair | 4) ? launch_ppass<K, QT, 2>(a, h0, state, seqs, NC, pk, s, pdl)

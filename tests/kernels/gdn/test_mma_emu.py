@@ -56,15 +56,11 @@ def test_emulated_pass_against_oracle(case, mma_pass, monkeypatch):
     assert workbench.compare(ro, o).rel_l2 <= 5e-3 and workbench.compare(rs, s).rel_l2 <= 2e-3
 
 
-@pytest.mark.parametrize("narrow", ["smem16", "smem8"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
 @pytest.mark.parametrize("K,V", [(128, 64), (64, 32)])
-def test_emulated_narrow_blocks_are_smem_bit_for_bit(K, V, dtype, narrow, monkeypatch):
-    """The shared-memory pass at 16 and 8 value columns a block (smem8: warps 0-3 alone hold the
-    state at K = 64) gives every column the bits of the 32-column blocks."""
+def test_emulated_smem16_is_smem_bit_for_bit(K, V, dtype, monkeypatch):
     x = make_inputs(1, 130, 1, 2, K, V, dtype=dtype, state=True, seed=23)
-    a, b = run(x, "smem", monkeypatch), run(x, narrow, monkeypatch)
-    assert torch.isfinite(b[0].float()).all() and torch.isfinite(b[1]).all()
+    a, b = run(x, "smem", monkeypatch), run(x, "smem16", monkeypatch)
     assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
 
 
@@ -141,7 +137,7 @@ def test_emulated_substitution_shortcut_is_the_full_one(packed, monkeypatch):
 
 
 @pytest.mark.parametrize("mma_pass,packed", [("smem", False), ("smem", True), ("smem16", True),
-                                             ("smem8", True), ("warp", True)])
+                                             ("warp", True)])
 def test_emulated_producer_warps_copy_what_the_warps_copied(mma_pass, packed, monkeypatch):
     """The passes' copies issued by warps launched for them (two, the default; one) land where and
     before the computing warps' own did (WORKBENCH_GDN_MMA_COPY=warps): o and the state bit for
@@ -383,7 +379,7 @@ def test_emulation_catches_mutants(tmp_path, monkeypatch):
             assert not torch.isfinite(o.float()).all() or workbench.compare(ro, o).rel_l2 > 1e-2, (p, copy)
 
 
-GPU_PASSES = PASSES + ["smem8", "wgmma", "wgcols"]
+GPU_PASSES = PASSES + ["wgmma", "wgcols"]
 
 
 @pytest.mark.gpu

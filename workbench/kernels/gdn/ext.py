@@ -180,8 +180,7 @@ def mma_pass(B: int, HV: int, V: int, dtype: torch.dtype, sms: int | None = None
 
 
 def pass_name(code: int) -> str:
-    """The name of a pass code of gdn_mma_pass_plan: 0 "smem", 1 "smem16", 3 "smem8" (8 value
-    columns a block, bit for bit "smem"; only when forced), kPair (64) | N "pairN",
+    """The name of a pass code of gdn_mma_pass_plan: 0 "smem", 1 "smem16", kPair (64) | N "pairN",
     kWg (128) "wgmma" (forced only; it runs where K = V = 128 with bf16 q, k, v, the shared-memory
     pass elsewhere), kWc (256) "wgcols" (forced only; bf16 q, k, v, else the shared-memory pass),
     else "warpN" (N warps a block)."""
@@ -191,7 +190,7 @@ def pass_name(code: int) -> str:
         return "wgcols"
     if code & 64:
         return f"pair{code & 63}"
-    return {0: "smem", 1: "smem16", 3: "smem8"}.get(code, f"warp{code}")
+    return {0: "smem", 1: "smem16"}.get(code, f"warp{code}")
 
 
 PACKED_LAUNCH = 128  # sequences a packed launch of the mma path takes (kSeqs in gdn_mma.cu)
