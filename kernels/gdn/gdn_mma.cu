@@ -1057,7 +1057,7 @@ struct PassSmem {
 // chunk's inputs are copied (cp.async) while this one computes (lean staging: its keys and
 // factors from the first barrier on, V from the second, Tinv and PT from the third, the latter
 // waited for at the next chunk's second barrier; two blocks an SM).
-template <int K, typename QT, int BV, bool COLS = false>
+template <int K, typename QT, int BV>
 __global__ void __launch_bounds__(kThreads + 64, pass_lean<K, QT, BV> ? 2 : 1)
 mma_pass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restrict__ v,
          const float* __restrict__ tinv, const float* h0, float* state, void* __restrict__ o,
@@ -1065,10 +1065,7 @@ mma_pass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restric
   static_assert(pass_bv_ok<BV>, "32 or 16 value columns a block");
   using P = PassStage<K, QT, BV>;
   using M = PassSmem<K, QT, BV>;
-  // K S / Tinv R and Q S / PT R on separate warps (BV = 16; COLS: as the 32-column blocks, each
-  // warp both on half the columns)
-  constexpr bool kHalf = BV == 16 && !COLS;
-  constexpr int NB = BV == 32 ? 2 : kHalf ? 2 : 1;  // the n-tiles of a warp's products
+  constexpr bool kHalf = BV == 16;  // K S / Tinv R and Q S / PT R on separate warps
   constexpr int SKK = P::SKK, SQ = M::SQ, SST = M::SST, SUT = M::SUT, SR = M::SR;
   constexpr int NT3 = (K == 128 ? BV : BV / 2) / 8;  // the update's n-tiles a warp
   static_assert(SQ == SKK, "keys and queries share the fragments' row stride");
@@ -1083,7 +1080,7 @@ mma_pass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restric
   const int tend = sq.first + sq.len;
   const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, gq = lane >> 2, tq = lane & 3;
   const int r3 = K == 128 ? 16 * w : 16 * (w & 3), n3 = K == 128 ? 0 : (BV / 2) * (w >> 2);
-  const int r1 = 16 * (w & 3), n1 = kHalf ? 0 : (BV / 2) * (w >> 2);
+  const int r1 = 16 * (w & 3), n1 = kHalf ? 0 : 16 * (w >> 2);
   const bool qrole = kHalf && w >= 4;  // BV = 16: this warp forms Q S and PT R (warp-uniform)
   WB_CLK_INIT(1);
   // the copies, by the NT threads of the 8 warps (id: tid) or by the producer warps (NT 32 or 64,
@@ -1202,23 +1199,23 @@ mma_pass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restric
     const float* Tc = sm + M::tinv(n);  // Tinv, then PT
     // the chunk's factors: exp(gc) nk, exp(gc) nq, beta, exp(gc_last - gc) nk, exp(gc_last)
     const float *fek = sm + M::facs(n), *feq = fek + kC, *fbt = feq + kC, *fd = fbt + kC;
-    float o1[1][NB][4];  // exp(gc_i) nq_i (Q S)_i, the inter-chunk part of o
+    float o1[1][2][4];  // exp(gc_i) nq_i (Q S)_i, the inter-chunk part of o
     const float* sbn = Ss + n1 * SST;
     if constexpr (!kHalf) {
       // K S and Q S, each as two independent chains over K / 2, sharing S's fragments
-      float x[1][NB][4], x2[1][NB][4], y[1][NB][4], y2[1][NB][4];
+      float x[1][2][4], x2[1][2][4], y[1][2][4], y2[1][2][4];
       zero(x);
       zero(x2);
       zero(y);
       zero(y2);
       if constexpr (is_f32<QT>) {
-        gemm_pair<NB, K / 2, SKK, 1, 1, SST, true, false>(x, y, Kc + r1 * SKK, Qs + r1 * SQ, sbn,
+        gemm_pair<2, K / 2, SKK, 1, 1, SST, true, false>(x, y, Kc + r1 * SKK, Qs + r1 * SQ, sbn,
                                                          0, lane);
-        gemm_pair<NB, K / 2, SKK, 1, 1, SST, true, false>(
+        gemm_pair<2, K / 2, SKK, 1, 1, SST, true, false>(
             x2, y2, Kc + r1 * SKK + K / 2, Qs + r1 * SQ + K / 2, sbn + K / 2, 0, lane);
       } else {  // 16-bit keys and queries: A fragments by ldmatrix
-        gemm_pair16<NB, K / 2, SKK, SST>(x, y, Kc + r1 * SKK, Qs + r1 * SQ, sbn, lane);
-        gemm_pair16<NB, K / 2, SKK, SST>(x2, y2, Kc + r1 * SKK + K / 2, Qs + r1 * SQ + K / 2,
+        gemm_pair16<2, K / 2, SKK, SST>(x, y, Kc + r1 * SKK, Qs + r1 * SQ, sbn, lane);
+        gemm_pair16<2, K / 2, SKK, SST>(x2, y2, Kc + r1 * SKK + K / 2, Qs + r1 * SQ + K / 2,
                                         sbn + K / 2, lane);
       }
 #pragma unroll
@@ -1226,7 +1223,7 @@ mma_pass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restric
         const int i = r1 + gq + 8 * hf;
         const float ek = fek[i], eq = feq[i], bi = fbt[i];
 #pragma unroll
-        for (int nt = 0; nt < NB; ++nt) {
+        for (int nt = 0; nt < 2; ++nt) {
           const int c = n1 + nt * 8 + 2 * tq;
           const float2 vv = ld2(Vc + i * P::SVT + c);
           const float k0 = x[0][nt][2 * hf] + x2[0][nt][2 * hf];
@@ -1256,7 +1253,7 @@ mma_pass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restric
         if (!qrole) {
           const float ek = fek[i], bi = fbt[i];
 #pragma unroll
-          for (int nt = 0; nt < NB; ++nt) {
+          for (int nt = 0; nt < 2; ++nt) {
             const int c = nt * 8 + 2 * tq;
             const float2 vv = ld2(Vc + i * P::SVT + c);
             const float k0 = x[0][nt][2 * hf] + x2[0][nt][2 * hf];
@@ -1267,7 +1264,7 @@ mma_pass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restric
         } else {
           const float eq = feq[i];
 #pragma unroll
-          for (int nt = 0; nt < NB; ++nt) {
+          for (int nt = 0; nt < 2; ++nt) {
             o1[0][nt][2 * hf] = eq * (x[0][nt][2 * hf] + x2[0][nt][2 * hf]);
             o1[0][nt][2 * hf + 1] = eq * (x[0][nt][2 * hf + 1] + x2[0][nt][2 * hf + 1]);
           }
@@ -1284,23 +1281,23 @@ mma_pass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restric
     if (n + 1 < sq.nc && !prod) issue_q(n + 1, All{}, tid, false);
     WB_CLK(6);
     {  // U = Tinv R and PT R (both lower triangular: depth r1 + 16)
-      float u[1][NB][4], y[1][NB][4];
+      float u[1][2][4], y[1][2][4];
       zero(u);
       zero(y);
       if constexpr (!kHalf)  // sharing R's fragments
-        gemm_pair<NB, 0, kPS, 1, SR, 1, false, false>(u, y, Tc + r1 * kPS, Tc + (kC + r1) * kPS,
+        gemm_pair<2, 0, kPS, 1, SR, 1, false, false>(u, y, Tc + r1 * kPS, Tc + (kC + r1) * kPS,
                                                      Rs + n1, r1 + 16, lane);
       else if (!qrole)
-        gemm_one<NB, 0, kPS, 1, SR, 1, false, false>(u, Tc + r1 * kPS, Rs, r1 + 16, lane);
+        gemm_one<2, 0, kPS, 1, SR, 1, false, false>(u, Tc + r1 * kPS, Rs, r1 + 16, lane);
       else
-        gemm_one<NB, 0, kPS, 1, SR, 1, false, false>(y, Tc + (kC + r1) * kPS, Rs, r1 + 16, lane);
+        gemm_one<2, 0, kPS, 1, SR, 1, false, false>(y, Tc + (kC + r1) * kPS, Rs, r1 + 16, lane);
       if (!qrole) {
 #pragma unroll
         for (int hf = 0; hf < 2; ++hf) {
           const int i = r1 + gq + 8 * hf;
           const float d = fd[i];
 #pragma unroll
-          for (int nt = 0; nt < NB; ++nt) {
+          for (int nt = 0; nt < 2; ++nt) {
             const int c = n1 + nt * 8 + 2 * tq;
             Ud[c * SUT + i] = rtf32(d * u[0][nt][2 * hf]);
             Ud[(c + 1) * SUT + i] = rtf32(d * u[0][nt][2 * hf + 1]);
@@ -1316,7 +1313,7 @@ mma_pass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restric
             if (r1 + gq + 8 * hf >= L) continue;
             auto* p = op + orow + (long)(8 * hf) * HV * V;
 #pragma unroll
-            for (int nt = 0; nt < NB; ++nt)
+            for (int nt = 0; nt < 2; ++nt)
               put2(p + 8 * nt, scale * (o1[0][nt][2 * hf] + y[0][nt][2 * hf]),
                    scale * (o1[0][nt][2 * hf + 1] + y[0][nt][2 * hf + 1]));
           }
@@ -2375,13 +2372,6 @@ int copy_producers() {
 }
 
 constexpr int kPair = 64, kWg = 128, kWc = 256;
-// How smem16 splits a chunk's products over its warps (WORKBENCH_GDN_MMA_SPLIT, read at each
-// launch; A/Bs): "cols" as the 32-column blocks (each warp K S and Q S, Tinv R and PT R on 8 of
-// the 16 columns), otherwise by role (warps 0-3 K S and Tinv R, 4-7 Q S and PT R). The same bits.
-bool split_cols() {
-  const char* e = getenv("WORKBENCH_GDN_MMA_SPLIT");
-  return e && !strcmp(e, "cols");
-}
 // The block of the fewest waves over the SMs, then the fewest warps: warps 2, 4, .. wmax a block,
 // 16 value columns each warp (pair = false) or each two warps (pair = true).
 int fewest_waves(int BH, int V, int sms, int wmax, bool pair) {
@@ -2505,17 +2495,17 @@ cudaError_t launch_wcpass(const GdnArgs* a, const float* h0, float* state, int s
                                               : go(std::integral_constant<int, 32>{});
 }
 
-template <int K, typename QT, int BV, bool COLS = false>
+template <int K, typename QT, int BV>
 cudaError_t launch_pass(const GdnArgs* a, const float* h0, float* state, int seqs, int NC,
                         const Packed& pk, cudaStream_t s, bool pdl) {
   constexpr size_t bytes = sizeof(float) * PassSmem<K, QT, BV>::floats;
   static_assert(bytes <= 227 * 1024, "the shared-memory pass's shared memory");
   // lean staging: two blocks an SM (228 KiB an SM, 1 KiB of it reserved a block)
   static_assert(!pass_lean<K, QT, BV> || 2 * (bytes + 1024) <= 228 * 1024, "two blocks an SM");
-  cudaError_t err = allow_smem(mma_pass<K, QT, BV, COLS>, bytes);
+  cudaError_t err = allow_smem(mma_pass<K, QT, BV>, bytes);
   if (err != cudaSuccess) return err;
   if constexpr (pass_lean<K, QT, BV>)  // all of the SM's on-chip memory as shared memory: 2 blocks
-    err = cudaFuncSetAttribute(mma_pass<K, QT, BV, COLS>, cudaFuncAttributePreferredSharedMemoryCarveout,
+    err = cudaFuncSetAttribute(mma_pass<K, QT, BV>, cudaFuncAttributePreferredSharedMemoryCarveout,
                                (int)cudaSharedmemCarveoutMaxShared);
   if (err != cudaSuccess) return err;
   const dim3 grid(seqs * a->HV, a->V / BV);
@@ -2525,9 +2515,9 @@ cudaError_t launch_pass(const GdnArgs* a, const float* h0, float* state, int seq
   size_t ask = bytes;
   if (pass_lean<K, QT, BV> && pdl && (long)grid.x * grid.y <= sm_count()) {
     ask = bytes > 116 * 1024 ? bytes : 116 * 1024;
-    if ((err = allow_smem(mma_pass<K, QT, BV, COLS>, ask)) != cudaSuccess) return err;
+    if ((err = allow_smem(mma_pass<K, QT, BV>, ask)) != cudaSuccess) return err;
   }
-  return WB_LAUNCH_PDL(grid, kThreads + 32 * copy_producers(), ask, s, pdl, mma_pass<K, QT, BV, COLS>)(
+  return WB_LAUNCH_PDL(grid, kThreads + 32 * copy_producers(), ask, s, pdl, mma_pass<K, QT, BV>)(
       static_cast<const QT*>(a->q), static_cast<const QT*>(a->k), static_cast<const QT*>(a->v),
       a->tinv, h0, state, a->o, a->T, a->H, a->HV, a->V, a->scale, a->o_dtype, NC, pk);
 }
@@ -2578,9 +2568,7 @@ cudaError_t launch_chunks(const GdnArgs* a, const float* h0, float* state, int s
     if (nw == kWc) return launch_wcpass<K>(a, h0, state, seqs, NC, pk, s, pdl);
   }
   if (nw == 0) return launch_pass<K, QT, 32>(a, h0, state, seqs, NC, pk, s, pdl);
-  if (nw == 1)
-    return split_cols() ? launch_pass<K, QT, 16, true>(a, h0, state, seqs, NC, pk, s, pdl)
-                        : launch_pass<K, QT, 16>(a, h0, state, seqs, NC, pk, s, pdl);
+  if (nw == 1) return launch_pass<K, QT, 16>(a, h0, state, seqs, NC, pk, s, pdl);
   if (nw & kPair)
     return nw == (kPair | 8)   ? launch_ppass<K, QT, 4>(a, h0, state, seqs, NC, pk, s, pdl)
            : nw == (kPair | 4) ? launch_ppass<K, QT, 2>(a, h0, state, seqs, NC, pk, s, pdl)

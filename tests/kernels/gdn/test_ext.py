@@ -69,7 +69,7 @@ def test_cuda_mma_kernels_keep_registers(tmp_path):
     # pass: 16-bit inputs at 1, 2 and 4 pairs a block; the wgmma pass: bf16, its block-barrier and
     # warp-specialised forms; the column wgmma pass: K 64/128 x 16/32 columns a block, copies
     # by a warp of their own or by the warpgroup
-    assert [len(v) for v in kinds.values()] == [8, 18, 14, 12, 2, 8], sorted(seen)
+    assert [len(v) for v in kinds.values()] == [8, 12, 14, 12, 2, 8], sorted(seen)
     assert "C7517" not in out and "C7519" not in out, "ptxas serialized wgmma"
     spills = [(name, n) for name, n in reports if name in seen and int(n)]
     assert not spills, spills
@@ -414,23 +414,18 @@ def test_cuda_mma_pass_choice(monkeypatch):
 @pytest.mark.parametrize("K,V", [(128, 128), (64, 64), (128, 96), (64, 32)])
 def test_cuda_mma_smem16_is_smem_bit_for_bit(K, V, dtype, monkeypatch):
     """The shared-memory pass at 16 value columns a block splits each chunk's products over its
-    warps differently (by role, or by columns: WORKBENCH_GDN_MMA_SPLIT=cols) but keeps every
-    element's products, operands and order: o and the final state bit for bit those of the
-    32-column blocks (odd length, carried state, in-kernel norm)."""
+    warps differently but keeps every element's products, operands and order: o and the final
+    state bit for bit those of the 32-column blocks (odd length, carried state, in-kernel norm)."""
     monkeypatch.setenv("WORKBENCH_GDN_CUDA_PATH", "mma")
     x = make_inputs(2, 150, 2, 4, K, V, dtype=dtype, state=True, seed=23, device="cuda")
     out = {}
-    for p, split in (("smem", "roles"), ("smem16", "roles"), ("smem16", "cols")):
+    for p in ("smem", "smem16"):
         monkeypatch.setenv("WORKBENCH_GDN_MMA_PASS", p)
-        monkeypatch.setenv("WORKBENCH_GDN_MMA_SPLIT", split)
         with kernel_log() as log:
-            out[p, split] = gdn.chunked(**x, qk_l2norm=True, backend="ext")
+            out[p] = gdn.chunked(**x, qk_l2norm=True, backend="ext")
         assert log.summary()[0]["path"] == f"mma/{p}"
-    want = out["smem", "roles"]
-    for split in ("roles", "cols"):
-        got = out["smem16", split]
-        assert torch.isfinite(got[0].float()).all()
-        assert torch.equal(want[0], got[0]) and torch.equal(want[1], got[1]), split
+    assert torch.isfinite(out["smem16"][0].float()).all()
+    assert torch.equal(out["smem"][0], out["smem16"][0]) and torch.equal(out["smem"][1], out["smem16"][1])
 
 
 @pytest.mark.gpu
