@@ -13,12 +13,14 @@ demo: setup
 	$(VENV_BIN)/workbench run --out reports
 	@echo "reports: reports/index.html"
 
-# Everyday tier (under 10 minutes on 2 cores): everything but the end-to-end tests marked slow.
+# Everyday tier (under 10 minutes on 2 cores): everything but the tests marked slow (end-to-end
+# runs, the ptxas register check, the numba simulator's packed batch).
 test: setup
 	$(PY) -m pytest -q -m "not slow"
 
 # Everything (what CI runs, about 35 minutes on 2 cores): adds every notebook run and exported,
-# the browser, the users' notebook cases, the mutants and the bitwise regeneration of the samples.
+# the browser, the users' notebook cases, the mutants, the bitwise regeneration of the samples and
+# the heaviest compile and simulator checks.
 test-all: setup
 	$(PY) -m pytest -q
 

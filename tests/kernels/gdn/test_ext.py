@@ -45,6 +45,7 @@ def test_cuda_source_compiles():
     assert path.exists() and path.stat().st_size > 0
 
 
+@pytest.mark.slow  # a whole nvcc compile of gdn_mma.cu with ptxas's report, uncached: about 50 s
 @pytest.mark.skipif(_native.find_nvcc() is None, reason="nvcc not found")
 def test_cuda_mma_kernels_keep_registers(tmp_path):
     """The mma path's prepare and the passes (every K, element type and block width) compile for

@@ -79,6 +79,7 @@ def test_packed_batch_shape_errors():
         gdn.chunked(**two, backend="oracle")
 
 
+@pytest.mark.slow  # numba's CUDA simulator over a packed batch, both ops: about 30 s
 def test_numba_packed_in_the_simulator(cudasim):
     for op in ("recurrent", "chunked"):
         r = cudasim("workbench.kernels.gdn._cases:varlen_selfcheck", "numba", op, [0, 1, 5, 17], 1, 2, 8, 8,
