@@ -18,7 +18,7 @@ demo: setup
 test: setup
 	$(PY) -m pytest -q -m "not slow"
 
-# Everything (what CI runs, about 35 minutes on 2 cores): adds every notebook run and exported,
+# Everything (what CI runs, about 25-35 minutes on 2 cores): adds every notebook run and exported,
 # the browser, the users' notebook cases, the mutants, the bitwise regeneration of the samples and
 # the heaviest compile and simulator checks.
 test-all: setup
