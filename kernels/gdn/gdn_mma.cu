@@ -153,7 +153,8 @@ struct Clk {
 #endif
 
 constexpr int kC = 64;         // chunk length
-constexpr int kPS = kC + 8;    // row stride of the C x C tiles (A, X, P)
+constexpr int kPS = kC + 8;    // row stride of the C x C tiles (A, P)
+constexpr int kXS = 24;  // of prepare's diagonal inverse blocks, 16 columns (-8 mod 32: kPS's banks)
 constexpr int kThreads = 256;  // every kernel: 8 warps
 // A chunk's workspace from prepare (floats): Tinv and PT (64 x 64 each, tf32), then the passes'
 // per-position factors, kC each (kFac): exp(gc_i) nk_i, exp(gc_i) nq_i, beta_i,
@@ -715,7 +716,8 @@ __device__ __forceinline__ void put_ws(float* m, int i, int c, float2 x) {
 // One warp, 32 columns of R (row stride LDR; the tf32 right-hand sides, replaced in place by the
 // solution): (I + A) Y = R by blocked forward substitution over the four 16-row blocks,
 //   T = R_I - sum_{J<I} A_IJ Y_J (tf32 operands, float32 sums), Y_I = (I + A_II)^-1 T,
-// with A's blocks below the diagonal blocks and the inverse diagonal blocks Xd (row stride kPS)
+// with A's blocks below the diagonal blocks and the inverse diagonal blocks Xd (block I at rows
+// 16 I.., columns 0-15, row stride kXS)
 // already rounded to tf32. Y (rounded to tf32) goes to columns c0.. of the workspace matrix out
 // (float32; OUT false: only to R), every row.
 // The right-hand sides are columns c0.. of the identity (c0 a multiple of 32), formed here (R's
@@ -738,7 +740,7 @@ __device__ __forceinline__ void solve_block_columns(const float* As, const float
         for (int hf = 0; hf < 2; ++hf) {
           const int i = 16 * I + gq + 8 * hf, c = nt * 8 + 2 * tq;
           const float2 yr = I == I0 && nt < 2
-                                ? *reinterpret_cast<const float2*>(Xd + i * kPS + c0 + c)
+                                ? *reinterpret_cast<const float2*>(Xd + i * kXS + c)
                                 : make_float2(0.f, 0.f);
           *reinterpret_cast<float2*>(R + i * LDR + c) = yr;
           if constexpr (OUT) put_ws<false>(out, i, c0 + c, yr);
@@ -761,7 +763,7 @@ __device__ __forceinline__ void solve_block_columns(const float* As, const float
     __syncwarp();
     float y[1][4][4];
     zero(y);
-    gemm<1, 4, 16, kPS, 1, LDR, 1>(y, Xd + 16 * I * kPS + 16 * I, R + 16 * I * LDR, lane);
+    gemm<1, 4, 16, kXS, 1, LDR, 1>(y, Xd + 16 * I * kXS, R + 16 * I * LDR, lane);
     __syncwarp();  // every lane has read T before it is overwritten
 #pragma unroll
     for (int nt = 0; nt < 4; ++nt)
@@ -778,14 +780,25 @@ __device__ __forceinline__ void solve_block_columns(const float* As, const float
 
 constexpr int kTS = kC + 4;  // row stride of the right-hand sides (4 mod 16: B operands)
 
+// Prepare's shared memory (floats). The keys and queries are dead once the raw products K K^T and
+// Q K^T are in registers (before the first value head), so P and the diagonal inverse blocks
+// (16 columns, kXS a row) reuse their bytes: 60 KiB at K = 64 and 70 KiB at K = 128 with 16-bit
+// inputs (90 and 106 before 2026-12-07), three blocks an SM where the registers allow it.
 template <int K, typename QT>
 struct PrepSmem {
   static constexpr int SK = K + 8;  // key and query rows (QT elements)
   static constexpr int QK = kC * SK * (int)sizeof(QT) / 4;
-  static constexpr int Ks = 0, Qs = Ks + QK, As = Qs + QK, Xs = As + kC * kPS, Ts = Xs + kC * kPS,
-                       Ps = Ts + kC * kTS, gc = Ps + kC * kPS, bt = gc + kC, nq = bt + kC,
-                       nk = nq + kC, floats = nk + kC;
+  static constexpr int PX = kC * kPS + kC * kXS;  // P, then the diagonal inverse blocks
+  static constexpr int Ks = 0, Qs = Ks + QK, Ps = 0, Xs = Ps + kC * kPS,
+                       As = 2 * QK > PX ? 2 * QK : PX, Ts = As + kC * kPS, gc = Ts + kC * kTS,
+                       bt = gc + kC, nq = bt + kC, nk = nq + kC, floats = nk + kC;
 };
+
+// Blocks an SM prepare is built for (its __launch_bounds__: the register cap, 128 a thread at 2,
+// 80 at 3) and launched at: 3 where three blocks' shared memory fits on an SM (every 16-bit
+// input), else 2; WORKBENCH_GDN_MMA_PREP_BLOCKS=2 keeps 2 (the A/B).
+template <int K, typename QT>
+constexpr bool prep3_fits = 3 * (sizeof(float) * PrepSmem<K, QT>::floats + 1024) <= 228 * 1024;
 
 // Per (b, h, chunk), all chunks in parallel, for each of the HV / H value heads hv of key head h
 // in turn: the cumulative decays gc, Tinv = (I + A)^-1 and PT = P Tinv (to tinv: kChunkWs floats
@@ -799,8 +812,8 @@ struct PrepSmem {
 // diagonal blocks of (I + A)^-1 in float32 (warps 0-1, gdn_mma.h); the identity's columns by
 // blocked forward substitution (warps 0-1, 32 columns each) while warps 2-7 form P from their
 // Q K^T; then PT by mma (every warp, one 16 x 32 tile).
-template <int K, typename QT, bool HALVES = false>
-__global__ void __launch_bounds__(kThreads, 2)
+template <int K, typename QT, bool HALVES = false, int MINB = 2>
+__global__ void __launch_bounds__(kThreads, MINB)
 mma_prepare(const QT* __restrict__ q, const QT* __restrict__ k, const float* __restrict__ g,
             const float* __restrict__ beta, const float* __restrict__ nq,
             const float* __restrict__ nk, float* __restrict__ tinv, int T, int H, int HV, int NC,
@@ -813,9 +826,9 @@ mma_prepare(const QT* __restrict__ q, const QT* __restrict__ k, const float* __r
   QT* Ks = reinterpret_cast<QT*>(sm + S::Ks);  // [C][SK] keys as given
   QT* Qs = reinterpret_cast<QT*>(sm + S::Qs);  // [C][SK] queries as given
   float* As = sm + S::As;  // [C][PS]  A (strictly lower), float32; below the diagonal blocks tf32
-  float* Xs = sm + S::Xs;  // [C][PS]  the diagonal blocks of (I + A)^-1, tf32
+  float* Xs = sm + S::Xs;  // [C][XS]  the diagonal blocks of (I + A)^-1 (block I at rows 16 I..), tf32
   float* Ts = sm + S::Ts;  // [C][TS]  (I + A)^-1 (tf32), written by the substitution
-  float* Ps = sm + S::Ps;  // [C][PS]  tf32(P)
+  float* Ps = sm + S::Ps;  // [C][PS]  tf32(P) (over the keys and queries, dead by then)
   float* gc = sm + S::gc;  // [C] cumulative log decay
   float* bt = sm + S::bt;  // [C] beta
   float* nqv = sm + S::nq;  // [C] the L2-norm factors of the queries (1: none)
@@ -913,7 +926,7 @@ mma_prepare(const QT* __restrict__ q, const QT* __restrict__ k, const float* __r
       float x[16];
       gdn::inverse_diag16_column(As, kPS, o, j, x);
 #pragma unroll
-      for (int i = 0; i < 16; ++i) Xs[(o + i) * kPS + o + j] = rtf32(x[i]);
+      for (int i = 0; i < 16; ++i) Xs[(o + i) * kXS + j] = rtf32(x[i]);
       // (I + A)^-1, 32 columns per warp: warp 0 formed diagonal blocks 0-1 and warp 1 blocks
       // 2-3, and each warp's substitution reads all four, so the two warps meet first (named
       // barrier)
@@ -2548,15 +2561,24 @@ cudaError_t launch_chunks(const GdnArgs* a, const float* h0, float* state, int s
   const int skip = !(se && !strcmp(se, "full"));
   // a launch of only empty sequences has no chunk to prepare; its pass still copies h0 (or zeros)
   // into their final states
-  auto prepare = [&](auto halves) {
+  auto prepare = [&](auto halves, auto minb) {
     constexpr bool HALVES = decltype(halves)::value;
-    const cudaError_t e = allow_smem(mma_prepare<K, QT, HALVES>, s1);
+    constexpr int MINB = decltype(minb)::value;
+    const cudaError_t e = allow_smem(mma_prepare<K, QT, HALVES, MINB>, s1);
     if (e == cudaSuccess && chunks > 0)
-      WB_LAUNCH(chunks * (HV / hvs), kThreads, s1, s, mma_prepare<K, QT, HALVES>)(
+      WB_LAUNCH(chunks * (HV / hvs), kThreads, s1, s, mma_prepare<K, QT, HALVES, MINB>)(
           q, k, a->g, a->beta, a->nq, a->nk, a->tinv, a->T, a->H, HV, NC, hvs, skip, pk);
     return e;
   };
-  if ((err = wg ? prepare(std::bool_constant<wgk>{}) : prepare(std::false_type{})) != cudaSuccess) return err;
+  const char* pb = getenv("WORKBENCH_GDN_MMA_PREP_BLOCKS");
+  const bool three = prep3_fits<K, QT> && !(pb && !strcmp(pb, "2"));
+  auto prepare_in = [&](auto halves) {
+    if constexpr (prep3_fits<K, QT>)
+      if (three) return prepare(halves, std::integral_constant<int, 3>{});
+    return prepare(halves, std::integral_constant<int, 2>{});
+  };
+  if ((err = wg ? prepare_in(std::bool_constant<wgk>{}) : prepare_in(std::false_type{})) != cudaSuccess)
+    return err;
   // the pass launched to start beside prepare's last blocks (it waits for prepare's end before it
   // copies the workspace; after a launch of only empty sequences, which has no prepare, an
   // ordinary launch); WORKBENCH_GDN_MMA_PDL=off: an ordinary launch (A/Bs)
