@@ -103,6 +103,7 @@ PdlLaunch<P...> pdl_launch(void (*k)(P...), dim3 g, dim3 b, size_t m, cudaStream
 }
 #define WB_LAUNCH_PDL(g, b, m, s, pdl, ...) pdl_launch(__VA_ARGS__, g, b, m, s, pdl)
 #endif
+#include <stdio.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -799,6 +800,9 @@ struct PrepSmem {
 // input), else 2; WORKBENCH_GDN_MMA_PREP_BLOCKS=2 keeps 2 (the A/B).
 template <int K, typename QT>
 constexpr bool prep3_fits = 3 * (sizeof(float) * PrepSmem<K, QT>::floats + 1024) <= 228 * 1024;
+static_assert(prep3_fits<64, float> && prep3_fits<128, __nv_bfloat16> && prep3_fits<128, __half> &&
+                  !prep3_fits<128, float>,
+              "prepare's shared memory: three blocks an SM with 16-bit inputs (and float32 at K = 64)");
 
 // Per (b, h, chunk), all chunks in parallel, for each of the HV / H value heads hv of key head h
 // in turn: the cumulative decays gc, Tinv = (I + A)^-1 and PT = P Tinv (to tinv: kChunkWs floats
@@ -2414,6 +2418,13 @@ int pass_plan(int BH, int K, int V, int kind, int sms) {
   if (forced("smem")) return 0;
   if (forced("smem16")) return 1;
   if (forced("warp")) return warp;
+  // warpN: the warp-resident pass at N warps a block (2, 4, 8; A/Bs), where its 16 N columns
+  // divide V (float32 inputs: N = 2); else the rule's
+  for (int nw = 2; nw <= (f32 ? 2 : 8); nw *= 2) {
+    char name[8];
+    snprintf(name, sizeof name, "warp%d", nw);
+    if (forced(name) && V % (16 * nw) == 0) return nw;
+  }
   if (forced("pair")) return f32 ? warp : kPair | fewest_waves(BH, V, sms, 8, true);
   // the wgmma passes take bf16 q, k, v (the wgmma pass K = V = 128); elsewhere the shared-memory pass
   if (forced("wgmma")) return kind == kBf16 && K == 128 && V == 128 ? kWg : 0;

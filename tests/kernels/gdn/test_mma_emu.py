@@ -205,6 +205,23 @@ def test_emulated_passes_agree(monkeypatch):
         assert workbench.compare(o, po).rel_l2 <= 5e-5 and workbench.compare(s, ps).rel_l2 <= 1e-6, p
 
 
+def test_emulated_warp_pass_widths_are_one(monkeypatch):
+    """WORKBENCH_GDN_MMA_PASS=warpN forces the warp-resident pass at N warps a block (the packed
+    batches' A/Bs) where 16 N columns divide V, else the rule's pass; every width gives the same
+    bits (each warp's 16 columns are formed alike whatever the block)."""
+    x = make_inputs(1, 90, 1, 2, 64, 128, dtype=torch.bfloat16, state=True, seed=21)
+    outs = {}
+    for p in ("warp2", "warp4", "warp8"):
+        monkeypatch.setenv("WORKBENCH_GDN_MMA_PASS", p)
+        assert mma_emu.pass_of(1, 2, 128, torch.bfloat16, K=64) == p
+        assert mma_emu.pass_of(1, 2, 128, torch.float32, K=64) == ("warp2" if p == "warp2" else "smem")
+        outs[p] = run(x, p, monkeypatch, output_dtype=torch.float32)
+    monkeypatch.setenv("WORKBENCH_GDN_MMA_PASS", "warp4")
+    assert mma_emu.pass_of(1, 2, 96, torch.bfloat16, K=64) == "smem16"  # 64 columns do not divide 96
+    for p, (o, s) in outs.items():
+        assert torch.isfinite(o).all() and torch.equal(o, outs["warp2"][0]) and torch.equal(s, outs["warp2"][1]), p
+
+
 def test_emulated_output_dtypes(monkeypatch):
     """The kernels write bf16 / fp16 o themselves: their float32 o rounded to nearest even."""
     x = make_inputs(1, 70, 1, 2, 64, 64, dtype=torch.bfloat16, state=True, seed=13)
