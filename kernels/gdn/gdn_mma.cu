@@ -627,6 +627,8 @@ struct Packed {
   int nc;               // their chunks, all together
   int tok[kSeqs + 1];   // token offsets
   int chk[kSeqs + 1];   // chunk offsets, from 0
+  int order;            // the pass's blocks in the order of ord (1) or as launched (0)
+  int ord[kSeqs];       // the sequences by decreasing chunks (ties: in the batch's order)
 };
 
 // Where a block's sequence lies: b the batch index of the token tensors (q, k, v, g, beta, o, the
@@ -636,6 +638,22 @@ struct SeqAt {
   int b, first, len, sb, nc;
   long crow;
 };
+
+// The pass's block of a grid (sequences * HV, column groups): x = sequence * HV + hv and y the
+// column group, as launched; or, in a packed launch with pk.order, the block's linear index taken
+// in the order of pk.ord (the launch's sequences by decreasing chunks), each sequence's heads and
+// column groups together: the hardware starts blocks in about their linear order, so the blocks
+// of the longest sequences, the pass's critical path, start first rather than behind shorter
+// sequences' blocks. A sequence's arithmetic is the same either way.
+struct PassBlock {
+  int x, y;
+};
+__device__ __forceinline__ PassBlock pass_block(const Packed& pk, int HV) {
+  const int bx = (int)blockIdx.x, by = (int)blockIdx.y;
+  if (pk.n == 0 || !pk.order) return PassBlock{bx, by};
+  const int G = (int)gridDim.y, l = by * (int)gridDim.x + bx, r = l / HV;
+  return PassBlock{pk.ord[r / G] * HV + l % HV, r % G};
+}
 
 // The sequence of the pass's block x = sequence * HV + hv (both passes).
 __device__ __forceinline__ SeqAt pass_seq(const Packed& pk, int x, int HV, int T, int NC) {
@@ -1092,8 +1110,9 @@ mma_pass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restric
   float* Ud = sm + M::Ud;  // [BV][SUT]  tf32(exp(gc_last - gc_j) nk_j U_j), transposed
   float* Rs = sm + M::Rs;  // [C][SR]    tf32(R)
   QT* Qs = reinterpret_cast<QT*>(sm + M::Qs);  // [C][SQ]  the chunk's queries as given
-  const SeqAt sq = pass_seq(pk, blockIdx.x, HV, T, NC);
-  const int b = sq.b, hv = blockIdx.x % HV, h = hv / (HV / H), c0 = blockIdx.y * BV;
+  const PassBlock pb = pass_block(pk, HV);
+  const SeqAt sq = pass_seq(pk, pb.x, HV, T, NC);
+  const int b = sq.b, hv = pb.x % HV, h = hv / (HV / H), c0 = pb.y * BV;
   const int tend = sq.first + sq.len;
   const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, gq = lane >> 2, tq = lane & 3;
   const int r3 = K == 128 ? 16 * w : 16 * (w & 3), n3 = K == 128 ? 0 : (BV / 2) * (w >> 2);
@@ -1429,8 +1448,9 @@ mma_wgpass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restr
   uint8_t* raw = reinterpret_cast<uint8_t*>(smem4);
   const uint32_t sa0 = wbmma::smem_u32(raw), pad = (1024 - sa0 % 1024) % 1024, sb = sa0 + pad;
   uint8_t* sm = raw + pad;
-  const SeqAt sq = pass_seq(pk, blockIdx.x, HV, T, NC);
-  const int b = sq.b, hv = blockIdx.x % HV, h = hv / (HV / H), tend = sq.first + sq.len;
+  const PassBlock pb = pass_block(pk, HV);
+  const SeqAt sq = pass_seq(pk, pb.x, HV, T, NC);
+  const int b = sq.b, hv = pb.x % HV, h = hv / (HV / H), tend = sq.first + sq.len;
   const int tid = threadIdx.x, wg = tid / 128, w = (tid % 128) / 32, g = (tid % 32) / 4, tq = tid % 4;
   // chunk n's tiles into stage st, by the nth threads (id: this one's index among them), one
   // commit group; rows c >= L zero
@@ -1649,8 +1669,9 @@ mma_wcpass(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict_
   WB_DYNAMIC_SMEM(float4, smem4);
   uint8_t* sm = reinterpret_cast<uint8_t*>(smem4);
   const uint32_t sb = wbmma::smem_u32(sm);
-  const SeqAt sq = pass_seq(pk, blockIdx.x, HV, T, NC);
-  const int b = sq.b, hv = blockIdx.x % HV, h = hv / (HV / H), c0 = blockIdx.y * BV;
+  const PassBlock pb = pass_block(pk, HV);
+  const SeqAt sq = pass_seq(pk, pb.x, HV, T, NC);
+  const int b = sq.b, hv = pb.x % HV, h = hv / (HV / H), c0 = pb.y * BV;
   const int tend = sq.first + sq.len;
   const int tid = threadIdx.x, lane = tid % 32, w = tid / 32, g = lane / 4, tq = lane % 4;
   // accumulator register i of a 64 x BV tile: row 16 w + g + 8 ((i / 2) % 2), column 8 (i / 4) + 2 tq + i % 2
@@ -2069,10 +2090,11 @@ mma_wpass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restri
   constexpr int NTH = 32 * NW, NS = K / 8, SVT = P::SVT;
   WB_DYNAMIC_SMEM(float4, smem4);
   float* sm = reinterpret_cast<float*>(smem4);
-  const SeqAt sq = pass_seq(pk, blockIdx.x, HV, T, NC);
-  const int b = sq.b, hv = blockIdx.x % HV, h = hv / (HV / H), tend = sq.first + sq.len;
+  const PassBlock pb = pass_block(pk, HV);
+  const SeqAt sq = pass_seq(pk, pb.x, HV, T, NC);
+  const int b = sq.b, hv = pb.x % HV, h = hv / (HV / H), tend = sq.first + sq.len;
   const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, gq = lane >> 2, tq = lane & 3;
-  const int wc = 16 * w, c0 = blockIdx.y * P::BV + wc;  // the warp's columns: c0 + 0..15
+  const int wc = 16 * w, c0 = pb.y * P::BV + wc;  // the warp's columns: c0 + 0..15
   const long at = gdn::state_index(sq.sb, hv, HV, K, V) + c0;
   float* st = state + at;
   float s[NS][4];
@@ -2086,7 +2108,7 @@ mma_wpass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restri
     const int t0 = sq.first + n * kC;
     issue_warp_stage<K, QT, NW, decltype(nt)::value>(
         sm + (n & 1) * P::floats, q, k, v, tinv + (sq.crow + n) * kChunkWs,
-        gdn::qk_index(b, t0, h, T, H, K), gdn::v_index(b, t0, hv, T, HV, V) + blockIdx.y * P::BV, H,
+        gdn::qk_index(b, t0, h, T, H, K), gdn::v_index(b, t0, hv, T, HV, V) + pb.y * P::BV, H,
         HV, V, gdn::imin(kC, tend - t0), id);
   };
   using All = std::integral_constant<int, NTH>;
@@ -2220,11 +2242,12 @@ mma_ppass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restri
   constexpr int kXch = 32 * 32;  // floats of one exchange buffer
   WB_DYNAMIC_SMEM(float4, smem4);
   float* sm = reinterpret_cast<float*>(smem4);
-  const SeqAt sq = pass_seq(pk, blockIdx.x, HV, T, NC);
-  const int b = sq.b, hv = blockIdx.x % HV, h = hv / (HV / H), tend = sq.first + sq.len;
+  const PassBlock pb = pass_block(pk, HV);
+  const SeqAt sq = pass_seq(pk, pb.x, HV, T, NC);
+  const int b = sq.b, hv = pb.x % HV, h = hv / (HV / H), tend = sq.first + sq.len;
   const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, gq = lane >> 2, tq = lane & 3;
   const int pr = w >> 1, hlf = w & 1;  // the warp's pair and its half of the state rows
-  const int wc = 16 * pr, c0 = blockIdx.y * P::BV + wc;  // the pair's columns: c0 + 0..15
+  const int wc = 16 * pr, c0 = pb.y * P::BV + wc;  // the pair's columns: c0 + 0..15
   const int k0 = (K / 2) * hlf;  // the warp's first state row
   float* X = sm + 2 * P::floats + pr * 2 * kXch + 4 * lane;  // this lane's slots of X
   float* Y = X + kXch;
@@ -2251,7 +2274,7 @@ mma_ppass(const QT* __restrict__ q, const QT* __restrict__ k, const QT* __restri
     const int t0 = sq.first + n * kC;
     issue_warp_stage<K, QT, NP, NTH>(sm + (n & 1) * P::floats, q, k, v,
                                      tinv + (sq.crow + n) * kChunkWs, gdn::qk_index(b, t0, h, T, H, K),
-                                     gdn::v_index(b, t0, hv, T, HV, V) + blockIdx.y * P::BV, H, HV,
+                                     gdn::v_index(b, t0, hv, T, HV, V) + pb.y * P::BV, H, HV,
                                      V, gdn::imin(kC, tend - t0), tid);
   };
   if (sq.nc > 0) issue(0);
@@ -2622,6 +2645,16 @@ void packed_group(const int* cu, int nseq, int g0, Packed& pk) {
     pk.chk[i + 1] = pk.chk[i] + (pk.tok[i + 1] - pk.tok[i] + kC - 1) / kC;
   }
   pk.nc = pk.chk[pk.n];
+  // the pass's blocks by decreasing chunks (a stable insertion sort; WORKBENCH_GDN_MMA_ORDER=given:
+  // as launched, for the A/B)
+  const char* e = getenv("WORKBENCH_GDN_MMA_ORDER");
+  pk.order = !(e && !strcmp(e, "given"));
+  for (int i = 0; i < pk.n; ++i) {
+    const int c = pk.chk[i + 1] - pk.chk[i];
+    int j = i;
+    for (; j > 0 && pk.chk[pk.ord[j - 1] + 1] - pk.chk[pk.ord[j - 1]] < c; --j) pk.ord[j] = pk.ord[j - 1];
+    pk.ord[j] = i;
+  }
 }
 
 // A batch of B sequences (cu null) or a packed batch of nseq sequences at token offsets cu[0..nseq]
@@ -2636,7 +2669,7 @@ int launch_mma(const GdnArgs* a, const int* cu, int nseq) {
         static_cast<const QT*>(a->q), static_cast<const QT*>(a->k), a->nq, a->nk, rows, K);
   }
   Packed pk;
-  pk.n = pk.nc = 0;
+  pk.n = pk.nc = pk.order = 0;
   cudaError_t err = cudaSuccess;
   // the initial states: h0, or (h0 null) state itself, read in place, or zeros (zero_state); the
   // passes read them and write the final states to state

@@ -247,6 +247,18 @@ def test_emulated_packed_batch_equals_sequences_alone(mma_pass, monkeypatch):
     assert torch.equal(s[0], h0[0]) and torch.equal(s[4], h0[4])  # empty sequences: as given
 
 
+@pytest.mark.parametrize("mma_pass", PASSES + ["wgcols"])
+def test_emulated_packed_pass_order_changes_nothing(mma_pass, monkeypatch):
+    """The packed pass's blocks taken longest sequence first (the default) or as launched
+    (WORKBENCH_GDN_MMA_ORDER=given): the same bits, every sequence's state where it belongs
+    (lengths out of order, ties, an empty and a one-token sequence; two column groups a head)."""
+    lengths = [67, 1, 300, 0, 130, 300, 5]
+    x = packed_inputs(lengths, H=1, HV=2, K=64, V=64, dtype=torch.bfloat16, seed=17)
+    cu, h0 = x.pop("cu_seqlens"), x.pop("initial_state")
+    same_bits_with({**x, "initial_state": h0, "cu_seqlens": cu}, "WORKBENCH_GDN_MMA_ORDER",
+                   "given", monkeypatch, mma_pass=mma_pass)
+
+
 @pytest.mark.parametrize("mma_pass", PASSES)
 def test_emulated_dependent_launch_changes_nothing(mma_pass, monkeypatch):
     """The dependent launch (the default: the pass launched to start beside prepare's last blocks,
