@@ -802,7 +802,8 @@ constexpr int kTS = kC + 4;  // row stride of the right-hand sides (4 mod 16: B 
 // Prepare's shared memory (floats). The keys and queries are dead once the raw products K K^T and
 // Q K^T are in registers (before the first value head), so P and the diagonal inverse blocks
 // (16 columns, kXS a row) reuse their bytes: 60 KiB at K = 64 and 70 KiB at K = 128 with 16-bit
-// inputs (90 and 106 before 2026-12-07), three blocks an SM where the registers allow it.
+// inputs (90 and 106 KiB before 2026-12-07). Two blocks an SM all the same (registers: 128 a
+// thread); three (80 registers, spilling about 30 values) were 5-7% slower on the H200.
 template <int K, typename QT>
 struct PrepSmem {
   static constexpr int SK = K + 8;  // key and query rows (QT elements)
@@ -812,15 +813,6 @@ struct PrepSmem {
                        As = 2 * QK > PX ? 2 * QK : PX, Ts = As + kC * kPS, gc = Ts + kC * kTS,
                        bt = gc + kC, nq = bt + kC, nk = nq + kC, floats = nk + kC;
 };
-
-// Blocks an SM prepare is built for (its __launch_bounds__: the register cap, 128 a thread at 2,
-// 80 at 3) and launched at: 3 where three blocks' shared memory fits on an SM (every 16-bit
-// input), else 2; WORKBENCH_GDN_MMA_PREP_BLOCKS=2 keeps 2 (the A/B).
-template <int K, typename QT>
-constexpr bool prep3_fits = 3 * (sizeof(float) * PrepSmem<K, QT>::floats + 1024) <= 228 * 1024;
-static_assert(prep3_fits<64, float> && prep3_fits<128, __nv_bfloat16> && prep3_fits<128, __half> &&
-                  !prep3_fits<128, float>,
-              "prepare's shared memory: three blocks an SM with 16-bit inputs (and float32 at K = 64)");
 
 // Per (b, h, chunk), all chunks in parallel, for each of the HV / H value heads hv of key head h
 // in turn: the cumulative decays gc, Tinv = (I + A)^-1 and PT = P Tinv (to tinv: kChunkWs floats
@@ -834,8 +826,8 @@ static_assert(prep3_fits<64, float> && prep3_fits<128, __nv_bfloat16> && prep3_f
 // diagonal blocks of (I + A)^-1 in float32 (warps 0-1, gdn_mma.h); the identity's columns by
 // blocked forward substitution (warps 0-1, 32 columns each) while warps 2-7 form P from their
 // Q K^T; then PT by mma (every warp, one 16 x 32 tile).
-template <int K, typename QT, bool HALVES = false, int MINB = 2>
-__global__ void __launch_bounds__(kThreads, MINB)
+template <int K, typename QT, bool HALVES = false>
+__global__ void __launch_bounds__(kThreads, 2)
 mma_prepare(const QT* __restrict__ q, const QT* __restrict__ k, const float* __restrict__ g,
             const float* __restrict__ beta, const float* __restrict__ nq,
             const float* __restrict__ nk, float* __restrict__ tinv, int T, int H, int HV, int NC,
@@ -2433,7 +2425,37 @@ constexpr int elem_kind = is_f32<QT> ? kF32 : std::is_same<QT, __nv_bfloat16>::v
 // The pass code (0 smem, 1 smem16, kPair | warps, kWg, kWc, else the warp-resident pass's warps)
 // for BH heads of V value columns, K key columns and q, k, v of element kind `kind`, on sms SMs:
 // the pass that runs (a forced wgmma pass where it does not apply is the shared-memory pass's 0).
-int pass_plan(int BH, int K, int V, int kind, int sms) {
+//
+// A packed launch (pk) whose grid the rule gives the warp-resident pass takes the width of least
+// estimated time: a block's chunk step at N warps alone on an SM costs t_N (2, 4, 8 warps: 7671,
+// 7819, 12100 cycles at K = 128, the H100's phase clocks of 2026-12-06), and the pass lasts at
+// least its longest sequence's chunks and at least the launch's chunks x HV x (V / 16 N) blocks
+// over the SMs, each at t_N: max(maxc, sum HV V / (16 N) / sms) t_N, the least, ties to the wider
+// block. At even lengths it gives the rule's width on the benchmark's packed rows (16 x 512 and
+// 64 x 256 tokens: 8 warps) and on the plain batches' shapes; where one sequence is much longer
+// than the rest, narrower blocks finish it sooner (the mixed packed batch 1000, 3001, 500, 2048,
+// 77: 4 warps, not 8, 20% faster on the H200; the blocks of the longest sequences start first,
+// pass_block). Plain batches keep the rule's width.
+int packed_width(const Packed& pk, int HV, int V, int sms, int wmax, int rule) {
+  static const double t[9] = {0, 0, 7671, 0, 7819, 0, 0, 0, 12100};
+  long maxc = 0, sumc = 0;
+  for (int i = 0; i < pk.n; ++i) {
+    const long c = pk.chk[i + 1] - pk.chk[i];
+    maxc = c > maxc ? c : maxc;
+    sumc += c;
+  }
+  int best = rule;
+  double best_t = -1;
+  for (int nw = wmax; nw >= 2; nw /= 2) {
+    if (V % (16 * nw)) continue;
+    const double work = (double)sumc * HV * (V / (16 * nw)) / sms;
+    const double est = (work > maxc ? work : (double)maxc) * t[nw];
+    if (best_t < 0 || est < best_t) best = nw, best_t = est;
+  }
+  return best;
+}
+
+int pass_plan(int BH, int K, int V, int kind, int sms, const Packed* pk = nullptr) {
   const char* e = getenv("WORKBENCH_GDN_MMA_PASS");
   auto forced = [&](const char* name) { return e && !strcmp(e, name); };
   const bool f32 = kind == kF32;
@@ -2452,7 +2474,8 @@ int pass_plan(int BH, int K, int V, int kind, int sms) {
   // the wgmma passes take bf16 q, k, v (the wgmma pass K = V = 128); elsewhere the shared-memory pass
   if (forced("wgmma")) return kind == kBf16 && K == 128 && V == 128 ? kWg : 0;
   if (forced("wgcols")) return kind == kBf16 ? kWc : 0;
-  if (2L * BH * (V / 16) >= 5L * sms) return warp;
+  if (2L * BH * (V / 16) >= 5L * sms)
+    return pk && pk->n > 0 && !f32 ? packed_width(*pk, BH / pk->n, V, sms, 8, warp) : warp;
   return !f32 && 2L * BH * (V / 32) <= sms ? 1 : 0;
 }
 
@@ -2580,7 +2603,7 @@ cudaError_t launch_chunks(const GdnArgs* a, const float* h0, float* state, int s
   const size_t s1 = sizeof(float) * PrepSmem<K, QT>::floats;
   const int HV = a->HV, V = a->V;
   cudaError_t err;
-  const int nw = pass_plan(seqs * HV, K, V, elem_kind<QT>, sm_count());
+  const int nw = pass_plan(seqs * HV, K, V, elem_kind<QT>, sm_count(), &pk);
   // the wgmma passes (planned only where they apply: bf16 q, k, v; the wgmma pass K = V = 128)
   // read Tinv and PT as bf16 halves (put_ws)
   constexpr bool wgk = elem_kind<QT> == kBf16;
@@ -2595,24 +2618,15 @@ cudaError_t launch_chunks(const GdnArgs* a, const float* h0, float* state, int s
   const int skip = !(se && !strcmp(se, "full"));
   // a launch of only empty sequences has no chunk to prepare; its pass still copies h0 (or zeros)
   // into their final states
-  auto prepare = [&](auto halves, auto minb) {
+  auto prepare = [&](auto halves) {
     constexpr bool HALVES = decltype(halves)::value;
-    constexpr int MINB = decltype(minb)::value;
-    const cudaError_t e = allow_smem(mma_prepare<K, QT, HALVES, MINB>, s1);
+    const cudaError_t e = allow_smem(mma_prepare<K, QT, HALVES>, s1);
     if (e == cudaSuccess && chunks > 0)
-      WB_LAUNCH(chunks * (HV / hvs), kThreads, s1, s, mma_prepare<K, QT, HALVES, MINB>)(
+      WB_LAUNCH(chunks * (HV / hvs), kThreads, s1, s, mma_prepare<K, QT, HALVES>)(
           q, k, a->g, a->beta, a->nq, a->nk, a->tinv, a->T, a->H, HV, NC, hvs, skip, pk);
     return e;
   };
-  const char* pb = getenv("WORKBENCH_GDN_MMA_PREP_BLOCKS");
-  const bool three = prep3_fits<K, QT> && !(pb && !strcmp(pb, "2"));
-  auto prepare_in = [&](auto halves) {
-    if constexpr (prep3_fits<K, QT>)
-      if (three) return prepare(halves, std::integral_constant<int, 3>{});
-    return prepare(halves, std::integral_constant<int, 2>{});
-  };
-  if ((err = wg ? prepare_in(std::bool_constant<wgk>{}) : prepare_in(std::false_type{})) != cudaSuccess)
-    return err;
+  if ((err = wg ? prepare(std::bool_constant<wgk>{}) : prepare(std::false_type{})) != cudaSuccess) return err;
   // the pass launched to start beside prepare's last blocks (it waits for prepare's end before it
   // copies the workspace; after a launch of only empty sequences, which has no prepare, an
   // ordinary launch); WORKBENCH_GDN_MMA_PDL=off: an ordinary launch (A/Bs)
@@ -2727,6 +2741,14 @@ int gdn_chunked_mma_supported(int K, int V) { return gdn_chunked_mma_supported_i
 // batch's launch has BH = HV times its sequences (up to 128 a launch, empty ones included).
 int gdn_mma_pass_plan(int BH, int K, int V, int kind, int sms) {
   return pass_plan(BH, K, V, kind, sms > 0 ? sms : 1);
+}
+
+// The pass code of a packed batch's launch starting at sequence g0 (host code; for the kernel log
+// and tests): HV heads, K, V, element kind, sms SMs.
+int gdn_mma_packed_pass_plan(const int* cu, int n, int g0, int HV, int K, int V, int kind, int sms) {
+  Packed pk;
+  packed_group(cu, n, g0, pk);
+  return pass_plan(pk.n * HV, K, V, kind, sms > 0 ? sms : 1, &pk);
 }
 
 // The floats of one chunk's workspace on the mma path (GdnArgs.tinv holds one per chunk and head).

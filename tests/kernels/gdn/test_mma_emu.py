@@ -247,6 +247,35 @@ def test_emulated_packed_batch_equals_sequences_alone(mma_pass, monkeypatch):
     assert torch.equal(s[0], h0[0]) and torch.equal(s[4], h0[4])  # empty sequences: as given
 
 
+def test_packed_width_follows_the_longest_sequence(monkeypatch):
+    """A packed launch the rule gives the warp-resident pass takes the width of least estimated
+    time over its sequences' lengths: the mixed batch of the benchmark (one sequence of 47 chunks
+    among 2 to 32) 4 warps a block; even lengths the plain batches' width; forced passes, float32
+    inputs and small grids as the plain rule; one plan per launch of 128 sequences."""
+    from workbench.kernels.gdn import ext
+
+    monkeypatch.delenv("WORKBENCH_GDN_MMA_PASS", raising=False)
+    lib = mma_emu.library()
+
+    def plan(lengths, HV=32, V=128, dtype=torch.bfloat16, K=128):
+        cu = [0]
+        for n in lengths:
+            cu.append(cu[-1] + n)
+        return ext.mma_packed_passes(cu, HV, V, dtype, 132, K=K, lib=lib)
+
+    mixed = [1000, 3001, 500, 2048, 77]
+    assert plan(mixed) == ["warp4"] and plan(mixed, K=64) == ["warp4"]
+    assert plan(mixed, V=96) == ["warp2"]  # 64 columns do not divide 96
+    for even in ([512] * 16, [256] * 64, [100] * 40, [3001] * 2):
+        assert plan(even) == [mma_emu.pass_of(len(even), 32, 128, torch.bfloat16, 132)], even
+    assert plan(mixed, dtype=torch.float32) == [mma_emu.pass_of(5, 32, 128, torch.float32, 132)]
+    assert plan(mixed, HV=2) == [mma_emu.pass_of(5, 2, 128, torch.bfloat16, 132)]  # not the warp pass
+    many = [60] * 127 + [4000] + [60] * 172  # a long sequence in the first launch only
+    assert plan(many) == ["warp4", "warp8", "warp8"]
+    monkeypatch.setenv("WORKBENCH_GDN_MMA_PASS", "warp8")
+    assert plan(mixed) == ["warp8"]
+
+
 @pytest.mark.parametrize("mma_pass", PASSES + ["wgcols"])
 def test_emulated_packed_pass_order_changes_nothing(mma_pass, monkeypatch):
     """The packed pass's blocks taken longest sequence first (the default) or as launched

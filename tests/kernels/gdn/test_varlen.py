@@ -146,5 +146,14 @@ def test_packed_mma_logs_its_pass_and_launch(monkeypatch):
         o, s = gdn.chunked(**x, backend="ext")
     rows = log.summary()
     assert len(rows) == 1 and rows[0]["calls"] == 1, rows
-    assert rows[0]["path"] == "mma/" + ext.mma_pass(40, 32, 128, torch.bfloat16) == "mma/warp8", rows
+    cu = [100 * i for i in range(41)]
+    assert rows[0]["path"] == "mma/" + ext.mma_packed_passes(cu, 32, 128, torch.bfloat16)[0] == "mma/warp8", rows
+    # one sequence much longer than the rest: narrower blocks (the packed plan)
+    x = packed_inputs([1000, 3001, 500, 2048, 77], H=16, HV=32, K=128, V=128, device="cuda", dtype=torch.bfloat16)
+    want = ext.mma_packed_passes(x["cu_seqlens"], 32, 128, torch.bfloat16)
+    with registry.kernel_log() as log:
+        gdn.chunked(**x, backend="ext")
+    assert log.summary()[0]["path"] == "mma/" + want[0], (log.summary(), want)
+    if torch.cuda.get_device_properties(0).multi_processor_count == 132:  # H100 / H200 SXM
+        assert want == ["warp4"]
     assert o.dtype == torch.bfloat16 and s.shape == (40, 32, 128, 128)

@@ -94,6 +94,8 @@ def library(kind: str) -> ctypes.CDLL:
             packed.argtypes, packed.restype = [ctypes.POINTER(GdnArgs), _P, _I], _I
             group = lib.gdn_mma_packed_group
             group.argtypes, group.restype = [_P, _I, _I, _P, _P, _P], _I
+            pplan = lib.gdn_mma_packed_pass_plan
+            pplan.argtypes, pplan.restype = [_P, _I, _I, _I, _I, _I, _I, _I], _I
             lib.gdn_mma_chunk_workspace.argtypes, lib.gdn_mma_chunk_workspace.restype = [], _I
         _abi.bind(lib, entries)
         _abi.check_layout(lib, GdnArgs)
@@ -177,6 +179,22 @@ def mma_pass(B: int, HV: int, V: int, dtype: torch.dtype, sms: int | None = None
     nw = library("cuda").gdn_mma_pass_plan(int(B) * int(HV), int(K), int(V), elem_kind(dtype),
                                           int(sms))
     return pass_name(nw)
+
+
+def mma_packed_passes(cu_seqlens, HV: int, V: int, dtype: torch.dtype, sms: int | None = None, *,
+                      K: int = 128, lib=None) -> list[str]:
+    """The pass of each launch the mma path makes for a packed batch at offsets ``cu_seqlens``
+    (ints; one launch per 128 sequences), named as :func:`mma_pass` names them. A launch whose grid
+    gets the warp-resident pass takes the width of least estimated time over its sequences'
+    lengths (a much longer sequence than the rest: narrower blocks), else the plain batches' rule
+    for HV times its sequences. ``lib``: another build of the launcher (the CPU emulation's)."""
+    if sms is None:
+        sms = _sm_count(torch.device("cuda", torch.cuda.current_device()))
+    lib = lib or library("cuda")
+    n = len(cu_seqlens) - 1
+    cu = (ctypes.c_int * (n + 1))(*[int(c) for c in cu_seqlens])
+    return [pass_name(lib.gdn_mma_packed_pass_plan(cu, n, g0, int(HV), int(K), int(V), elem_kind(dtype), int(sms)))
+            for g0 in range(0, n, PACKED_LAUNCH)]
 
 
 def pass_name(code: int) -> str:
@@ -429,8 +447,8 @@ def _packed_mma(q, k, v, g, beta, scale, initial_state, qk_l2norm, chunk_size, c
         return None
     st = staged("chunked", q, k, v, g, beta, scale, None, qk_l2norm, policy=p, chunk_size=chunk_size,
                 copy=False)
-    # the pass of the (first) launch: HV times its sequences
-    note_path(lambda: f"mma/{mma_pass(min(n, PACKED_LAUNCH), s.HV, s.V, st.tensors[0].dtype, _sm_count(q.device), K=s.K)}")
+    # the pass of the (first) launch
+    note_path(lambda: f"mma/{mma_packed_passes(offs, s.HV, s.V, st.tensors[0].dtype, _sm_count(q.device), K=s.K)[0]}")
     # one state per sequence, read where it lies; the final states to a new tensor
     h0 = state_source(initial_state)
     state = torch.empty(n, s.HV, s.K, s.V, dtype=torch.float32, device=q.device)

@@ -60,6 +60,8 @@ def library(lib: ctypes.CDLL | None = None) -> ctypes.CDLL:
         lib.gdn_chunked_mma_varlen_cuda.restype = ctypes.c_int
         lib.gdn_mma_pass_plan.argtypes = [ctypes.c_int] * 5
         lib.gdn_mma_pass_plan.restype = ctypes.c_int
+        lib.gdn_mma_packed_pass_plan.argtypes = [ctypes.c_void_p] + [ctypes.c_int] * 7
+        lib.gdn_mma_packed_pass_plan.restype = ctypes.c_int
         bind_failure(lib)
         lib._emu_typed = True
         if own:
