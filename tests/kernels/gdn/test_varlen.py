@@ -135,8 +135,8 @@ def test_packed_mma_more_sequences_than_one_launch(monkeypatch):
 
 @pytest.mark.gpu
 def test_packed_mma_logs_its_pass_and_launch(monkeypatch):
-    """The kernel log notes the pass of the packed launch (HV times the sequences: a larger grid
-    than one sequence's), and the call is one chunked call, not one per sequence."""
+    """The kernel log notes the pass of the packed launch (planned over its sequences' lengths:
+    ext.mma_packed_passes), and the call is one chunked call, not one per sequence."""
     from workbench.kernels import registry
     from workbench.kernels.gdn import ext
 
@@ -146,8 +146,9 @@ def test_packed_mma_logs_its_pass_and_launch(monkeypatch):
         o, s = gdn.chunked(**x, backend="ext")
     rows = log.summary()
     assert len(rows) == 1 and rows[0]["calls"] == 1, rows
-    cu = [100 * i for i in range(41)]
-    assert rows[0]["path"] == "mma/" + ext.mma_packed_passes(cu, 32, 128, torch.bfloat16)[0] == "mma/warp8", rows
+    want = ext.mma_packed_passes(x["cu_seqlens"], 32, 128, torch.bfloat16)
+    assert rows[0]["path"] == "mma/" + want[0] == "mma/warp8", rows
+    assert o.dtype == torch.bfloat16 and s.shape == (40, 32, 128, 128)
     # one sequence much longer than the rest: narrower blocks (the packed plan)
     x = packed_inputs([1000, 3001, 500, 2048, 77], H=16, HV=32, K=128, V=128, device="cuda", dtype=torch.bfloat16)
     want = ext.mma_packed_passes(x["cu_seqlens"], 32, 128, torch.bfloat16)
@@ -156,4 +157,3 @@ def test_packed_mma_logs_its_pass_and_launch(monkeypatch):
     assert log.summary()[0]["path"] == "mma/" + want[0], (log.summary(), want)
     if torch.cuda.get_device_properties(0).multi_processor_count == 132:  # H100 / H200 SXM
         assert want == ["warp4"]
-    assert o.dtype == torch.bfloat16 and s.shape == (40, 32, 128, 128)
