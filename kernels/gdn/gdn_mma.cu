@@ -799,6 +799,90 @@ __device__ __forceinline__ void solve_block_columns(const float* As, const float
 
 constexpr int kTS = kC + 4;  // row stride of the right-hand sides (4 mod 16: B operands)
 
+// (I + A)^-1 into T (row stride kTS) by blocked doubling instead of substitution
+// (WORKBENCH_GDN_MMA_SOLVE=doubling, for the A/B; unmeasured), warps 0-1 (w), each from the
+// inverse diagonal blocks it formed itself (Xd, tf32), then from the other's after they meet:
+//   level 2, warp w: T_{2w+1,2w} = -X_{2w+1} (A_{2w+1,2w} X_{2w})       (16 x 16, depth 16 twice)
+//   level 3, warp w on columns 16w..16w+15 of the lower left 32 x 32 quadrant:
+//     N = A_[23][01] T_[01][01],  T_[23][01] = -T_[23][23] N           (depth 32, then 16 / 32)
+// Each product's operands tf32, sums float32, every result rounded to tf32 (-rtf32(x) =
+// rtf32(-x): the rounding is symmetric), the same rounding points as the substitution at level 2
+// (so T_10 and T_32 are its bits) and other sums at level 3. A warp's chain is four products of
+// 8-28 mma (the substitution's warp 0: six of 72 mma in all). Warp w writes its 32 rows' diagonal
+// blocks and zero blocks; every element of T goes to out as well (OUT).
+template <bool OUT>
+__device__ __forceinline__ void solve_doubling(const float* As, const float* Xd, float* T,
+                                               float* out, int w, int lane) {
+  const int gq = lane >> 2, tq = lane & 3;
+  auto wr = [&](int i, int c, float2 x) {
+    *reinterpret_cast<float2*>(T + i * kTS + c) = x;
+    if constexpr (OUT) put_ws<false>(out, i, c, x);
+  };
+  // the warp's rows 32w..: X on the diagonal blocks, zeros above them (and in block (2, 3)); the
+  // blocks below are formed by the products (rows 32-63, columns 0-31: both warps at level 3)
+  for (int idx = lane; idx < 32 * 32; idx += 32) {
+    const int i = 32 * w + idx / 32, c = 2 * (idx % 32), I = i / 16, J = c / 16;
+    if (J < I && (w == 1 || J == 0)) continue;  // formed below: (1, 0); (2|3, 0|1), (3, 2)
+    wr(i, c, J == I ? *reinterpret_cast<const float2*>(Xd + i * kXS + c - 16 * J)
+                     : make_float2(0.f, 0.f));
+  }
+  // level 2: M = -rtf32(A_{2w+1,2w} X_{2w}) into T's block (2w+1, 2w), then X_{2w+1} M over it
+  const int r0 = 16 * (2 * w + 1), c0 = 32 * w;
+  float m[1][2][4];
+  zero(m);
+  gemm<1, 2, 16, kPS, 1, kXS, 1>(m, As + r0 * kPS + c0, Xd + c0 * kXS, lane);
+#pragma unroll
+  for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf)
+      *reinterpret_cast<float2*>(T + (r0 + gq + 8 * hf) * kTS + c0 + 8 * nt + 2 * tq) =
+          make_float2(-rtf32(m[0][nt][2 * hf]), -rtf32(m[0][nt][2 * hf + 1]));
+  __syncwarp();
+  zero(m);
+  gemm<1, 2, 16, kXS, 1, kTS, 1>(m, Xd + r0 * kXS, T + r0 * kTS + c0, lane);
+  __syncwarp();  // every lane has read M before it is overwritten
+#pragma unroll
+  for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf)
+      wr(r0 + gq + 8 * hf, c0 + 8 * nt + 2 * tq,
+          make_float2(rtf32(m[0][nt][2 * hf]), rtf32(m[0][nt][2 * hf + 1])));
+  // level 3 reads T_[01][01] (warp 0's) and T_[23][23] (warp 1's)
+  named_sync<1, 64>();
+  const int cw = 16 * w;
+  float n[2][2][4];
+  zero(n);
+  // N = A_[23][01] T_[01][01] at columns cw..: T's rows above cw are zero there
+  if (w == 0)
+    gemm<2, 2, 32, kPS, 1, kTS, 1>(n, As + 32 * kPS, T + cw, lane);
+  else
+    gemm<2, 2, 16, kPS, 1, kTS, 1>(n, As + 32 * kPS + 16, T + 16 * kTS + cw, lane);
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf)
+        *reinterpret_cast<float2*>(T + (32 + 16 * mt + gq + 8 * hf) * kTS + cw + 8 * nt + 2 * tq) =
+            make_float2(-rtf32(n[mt][nt][2 * hf]), -rtf32(n[mt][nt][2 * hf + 1]));
+  __syncwarp();
+  // T_[23][01] = T_[23][23] (-N): rows 32-47 X_2 N_2 (depth 16), rows 48-63 T_32 N_2 + X_3 N_3
+  float y2[1][2][4], y3[1][2][4];
+  zero(y2);
+  zero(y3);
+  gemm<1, 2, 16, kTS, 1, kTS, 1>(y2, T + 32 * kTS + 32, T + 32 * kTS + cw, lane);
+  gemm<1, 2, 32, kTS, 1, kTS, 1>(y3, T + 48 * kTS + 32, T + 32 * kTS + cw, lane);
+  __syncwarp();  // every lane has read N before it is overwritten
+#pragma unroll
+  for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      const int c = cw + 8 * nt + 2 * tq;
+      wr(32 + gq + 8 * hf, c, make_float2(rtf32(y2[0][nt][2 * hf]), rtf32(y2[0][nt][2 * hf + 1])));
+      wr(48 + gq + 8 * hf, c, make_float2(rtf32(y3[0][nt][2 * hf]), rtf32(y3[0][nt][2 * hf + 1])));
+    }
+}
+
 // Prepare's shared memory (floats). The keys and queries are dead once the raw products K K^T and
 // Q K^T are in registers (before the first value head), so P and the diagonal inverse blocks
 // (16 columns, kXS a row) reuse their bytes: 60 KiB at K = 64 and 70 KiB at K = 128 with 16-bit
@@ -944,8 +1028,13 @@ mma_prepare(const QT* __restrict__ q, const QT* __restrict__ k, const float* __r
       // (I + A)^-1, 32 columns per warp: warp 0 formed diagonal blocks 0-1 and warp 1 blocks
       // 2-3, and each warp's substitution reads all four, so the two warps meet first (named
       // barrier)
-      named_sync<1, 64>();
-      solve_block_columns<kTS, !HALVES>(As, Xs, Ts + 32 * w, out, lane, 32 * w, skip);
+      if (skip == 2) {  // doubling: each warp starts from its own blocks
+        __syncwarp();
+        solve_doubling<!HALVES>(As, Xs, Ts, out, w, lane);
+      } else {
+        named_sync<1, 64>();
+        solve_block_columns<kTS, !HALVES>(As, Xs, Ts + 32 * w, out, lane, 32 * w, skip);
+      }
     } else {  // warps 2-7: P, one 16 x 32 tile each of the six on or below the diagonal
 #pragma unroll
       for (int nt = 0; nt < 4; ++nt)
@@ -2614,8 +2703,10 @@ cudaError_t launch_chunks(const GdnArgs* a, const float* h0, float* state, int s
   const int chunks = pk.n ? NC : seqs * NC;
   const char* pe = getenv("WORKBENCH_GDN_MMA_PREPARE");
   const int hvs = pe && !strcmp(pe, "value-head") ? 1 : HV / a->H;
-  const char* se = getenv("WORKBENCH_GDN_MMA_SOLVE");  // full: every block of the substitution
-  const int skip = !(se && !strcmp(se, "full"));
+  // full: every block of the substitution; doubling: solve_doubling (A/Bs); else the substitution
+  // with its first blocks written
+  const char* se = getenv("WORKBENCH_GDN_MMA_SOLVE");
+  const int skip = se && !strcmp(se, "full") ? 0 : se && !strcmp(se, "doubling") ? 2 : 1;
   // a launch of only empty sequences has no chunk to prepare; its pass still copies h0 (or zeros)
   // into their final states
   auto prepare = [&](auto halves) {

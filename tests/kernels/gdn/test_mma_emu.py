@@ -136,6 +136,32 @@ def test_emulated_substitution_shortcut_is_the_full_one(packed, monkeypatch):
     same_bits_with(x, "WORKBENCH_GDN_MMA_SOLVE", "full", monkeypatch)
 
 
+@pytest.mark.parametrize("mma_pass,packed", [("smem", False), ("smem", True), ("wgmma", False)])
+def test_emulated_doubling_solve_is_the_substitutions_inverse(mma_pass, packed, monkeypatch):
+    """Prepare's (I + A)^-1 by blocked doubling (WORKBENCH_GDN_MMA_SOLVE=doubling, forced only,
+    not yet timed): o and the state as close to the oracle as with the substitution (the default)
+    and within 2e-5 of its results (the same rounding points, other sums in the lower left
+    quadrant), with chunks shorter than a 16-row block, an empty and a one-token sequence; with
+    the wgmma pass, which reads Tinv as bf16 halves; and the same bits with warps drifting apart."""
+    if packed:
+        x = packed_inputs([0, 1, 70, 17, 64], H=1, HV=2, K=64, V=32, dtype=torch.bfloat16, seed=53)
+    else:
+        V = 128 if mma_pass == "wgmma" else 32
+        x = make_inputs(1, 150, 1, 2, 128, V, dtype=torch.bfloat16, state=True, seed=53)
+    ro, rs = oracle.chunked(**x, qk_l2norm=True)
+    so, ss = run(x, mma_pass, monkeypatch, output_dtype=torch.float32)
+    monkeypatch.setenv("WORKBENCH_GDN_MMA_SOLVE", "doubling")
+    o, s = run(x, mma_pass, monkeypatch, output_dtype=torch.float32)
+    assert torch.isfinite(o).all() and torch.isfinite(s).all()
+    assert workbench.compare(so, o).rel_l2 <= 2e-5 and workbench.compare(ss, s).rel_l2 <= 2e-5
+    for want, got, sub in ((ro, o, so), (rs, s, ss)):
+        assert workbench.compare(want, got).rel_l2 <= 1.01 * workbench.compare(want, sub).rel_l2
+    if not packed:
+        monkeypatch.setenv("WB_EMU_SCHED", "skew")
+        ko, ks = run(x, mma_pass, monkeypatch, output_dtype=torch.float32)
+        assert torch.equal(ko, o) and torch.equal(ks, s)
+
+
 @pytest.mark.parametrize("mma_pass,packed", [("smem", False), ("smem", True), ("smem16", True),
                                              ("warp", True)])
 def test_emulated_producer_warps_copy_what_the_warps_copied(mma_pass, packed, monkeypatch):
@@ -452,6 +478,32 @@ def test_emulation_matches_the_gpu(mma_pass, monkeypatch):
     go, gs = gdn.chunked(**{n: t.cuda() for n, t in x.items()}, qk_l2norm=True, backend="ext",
                          policy=workbench.Policy(output_dtype="fp32"))
     assert workbench.compare(eo, go.cpu()).rel_l2 <= 1e-4 and workbench.compare(es, gs.cpu()).rel_l2 <= 1e-5
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mma_pass", ["smem", "warp", "wgmma"])
+def test_gpu_doubling_solve(mma_pass, monkeypatch):
+    """Prepare's doubling solve on the GPU (WORKBENCH_GDN_MMA_SOLVE=doubling): the emulation's
+    results to float32 rounding, within 2e-5 of the substitution's on the GPU and as close to the
+    oracle."""
+    from workbench.kernels import gdn
+    monkeypatch.setenv("WORKBENCH_GDN_CUDA_PATH", "mma")
+    monkeypatch.setenv("WORKBENCH_GDN_MMA_PASS", mma_pass)
+    x = make_inputs(2, 150, 2, 2, 128, 128, dtype=torch.bfloat16, state=True, seed=37)
+    ro, rs = oracle.chunked(**x, qk_l2norm=True)
+
+    def on_gpu():
+        o, s = gdn.chunked(**{n: t.cuda() for n, t in x.items()}, qk_l2norm=True, backend="ext",
+                           policy=workbench.Policy(output_dtype="fp32"))
+        return o.cpu(), s.cpu()
+    so, ss = on_gpu()
+    monkeypatch.setenv("WORKBENCH_GDN_MMA_SOLVE", "doubling")
+    go, gs = on_gpu()
+    eo, es = run(x, mma_pass, monkeypatch, output_dtype=torch.float32)
+    assert workbench.compare(eo, go).rel_l2 <= 1e-4 and workbench.compare(es, gs).rel_l2 <= 1e-5
+    assert workbench.compare(so, go).rel_l2 <= 2e-5 and workbench.compare(ss, gs).rel_l2 <= 2e-5
+    for want, got, sub in ((ro, go, so), (rs, gs, ss)):
+        assert workbench.compare(want, got).rel_l2 <= 1.01 * workbench.compare(want, sub).rel_l2
 
 
 def gpu_batch_and_packed(B, T, H, HV, seed):
