@@ -908,7 +908,8 @@ struct PrepSmem {
 // registers (they do not depend on hv: the value heads of a key head share them bit for bit);
 // then for each hv: A = K K^T decayed, scaled by beta and the L2-norm factors; the 16 x 16
 // diagonal blocks of (I + A)^-1 in float32 (warps 0-1, gdn_mma.h); the identity's columns by
-// blocked forward substitution (warps 0-1, 32 columns each) while warps 2-7 form P from their
+// blocked forward substitution (warps 0-1, 32 columns each; or by blocked doubling,
+// solve_doubling, forced only) while warps 2-7 form P from their
 // Q K^T; then PT by mma (every warp, one 16 x 32 tile).
 template <int K, typename QT, bool HALVES = false>
 __global__ void __launch_bounds__(kThreads, 2)
