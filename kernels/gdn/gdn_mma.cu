@@ -799,6 +799,10 @@ __device__ __forceinline__ void solve_block_columns(const float* As, const float
 
 constexpr int kTS = kC + 4;  // row stride of the right-hand sides (4 mod 16: B operands)
 
+// How prepare forms (I + A)^-1 (WORKBENCH_GDN_MMA_SOLVE): the substitution forming every block
+// (full), the substitution with its first blocks written (the default), blocked doubling.
+enum Solve { kSolveFull = 0, kSolveShort = 1, kSolveDoubling = 2 };
+
 // (I + A)^-1 into T (row stride kTS) by blocked doubling instead of substitution
 // (WORKBENCH_GDN_MMA_SOLVE=doubling, for the A/B; unmeasured), warps 0-1 (w), each from the
 // inverse diagonal blocks it formed itself (Xd, tf32), then from the other's after they meet:
@@ -916,7 +920,7 @@ __global__ void __launch_bounds__(kThreads, 2)
 mma_prepare(const QT* __restrict__ q, const QT* __restrict__ k, const float* __restrict__ g,
             const float* __restrict__ beta, const float* __restrict__ nq,
             const float* __restrict__ nk, float* __restrict__ tinv, int T, int H, int HV, int NC,
-            int hvs, int skip, const Packed pk) {
+            int hvs, int solve, const Packed pk) {
   using S = PrepSmem<K, QT>;
   constexpr int SK = S::SK;
   WB_CLK_INIT(0);
@@ -1029,12 +1033,13 @@ mma_prepare(const QT* __restrict__ q, const QT* __restrict__ k, const float* __r
       // (I + A)^-1, 32 columns per warp: warp 0 formed diagonal blocks 0-1 and warp 1 blocks
       // 2-3, and each warp's substitution reads all four, so the two warps meet first (named
       // barrier)
-      if (skip == 2) {  // doubling: each warp starts from its own blocks
+      if (solve == kSolveDoubling) {  // each warp starts from its own blocks
         __syncwarp();
         solve_doubling<!HALVES>(As, Xs, Ts, out, w, lane);
       } else {
         named_sync<1, 64>();
-        solve_block_columns<kTS, !HALVES>(As, Xs, Ts + 32 * w, out, lane, 32 * w, skip);
+        solve_block_columns<kTS, !HALVES>(As, Xs, Ts + 32 * w, out, lane, 32 * w,
+                                          solve == kSolveShort);
       }
     } else {  // warps 2-7: P, one 16 x 32 tile each of the six on or below the diagonal
 #pragma unroll
@@ -2704,10 +2709,11 @@ cudaError_t launch_chunks(const GdnArgs* a, const float* h0, float* state, int s
   const int chunks = pk.n ? NC : seqs * NC;
   const char* pe = getenv("WORKBENCH_GDN_MMA_PREPARE");
   const int hvs = pe && !strcmp(pe, "value-head") ? 1 : HV / a->H;
-  // full: every block of the substitution; doubling: solve_doubling (A/Bs); else the substitution
-  // with its first blocks written
+  // full, doubling (A/Bs), else the default
   const char* se = getenv("WORKBENCH_GDN_MMA_SOLVE");
-  const int skip = se && !strcmp(se, "full") ? 0 : se && !strcmp(se, "doubling") ? 2 : 1;
+  const int solve = se && !strcmp(se, "full")       ? kSolveFull
+                    : se && !strcmp(se, "doubling") ? kSolveDoubling
+                                                    : kSolveShort;
   // a launch of only empty sequences has no chunk to prepare; its pass still copies h0 (or zeros)
   // into their final states
   auto prepare = [&](auto halves) {
@@ -2715,7 +2721,7 @@ cudaError_t launch_chunks(const GdnArgs* a, const float* h0, float* state, int s
     const cudaError_t e = allow_smem(mma_prepare<K, QT, HALVES>, s1);
     if (e == cudaSuccess && chunks > 0)
       WB_LAUNCH(chunks * (HV / hvs), kThreads, s1, s, mma_prepare<K, QT, HALVES>)(
-          q, k, a->g, a->beta, a->nq, a->nk, a->tinv, a->T, a->H, HV, NC, hvs, skip, pk);
+          q, k, a->g, a->beta, a->nq, a->nk, a->tinv, a->T, a->H, HV, NC, hvs, solve, pk);
     return e;
   };
   if ((err = wg ? prepare(std::bool_constant<wgk>{}) : prepare(std::false_type{})) != cudaSuccess) return err;
