@@ -892,6 +892,11 @@ __device__ __forceinline__ void solve_doubling(const float* As, const float* Xd,
 // (16 columns, kXS a row) reuse their bytes: 60 KiB at K = 64 and 70 KiB at K = 128 with 16-bit
 // inputs (90 and 106 KiB before 2026-12-07). Two blocks an SM all the same (registers: 128 a
 // thread); three (80 registers, spilling about 30 values) were 5-7% slower on the H200.
+// WORKBENCH_GDN_MMA_GATES=prefetch (for the A/B; unmeasured): prepare loads the gates and beta of
+// all its value heads (at most kGatePre) with the keys and queries, before the raw products, instead
+// of each value head's at its own start, where their latency is the gate scan's; the same values
+constexpr int kGatePre = 8;
+
 template <int K, typename QT>
 struct PrepSmem {
   static constexpr int SK = K + 8;  // key and query rows (QT elements)
@@ -899,7 +904,8 @@ struct PrepSmem {
   static constexpr int PX = kC * kPS + kC * kXS;  // P, then the diagonal inverse blocks
   static constexpr int Ks = 0, Qs = Ks + QK, Ps = 0, Xs = Ps + kC * kPS,
                        As = 2 * QK > PX ? 2 * QK : PX, Ts = As + kC * kPS, gc = Ts + kC * kTS,
-                       bt = gc + kC, nq = bt + kC, nk = nq + kC, floats = nk + kC;
+                       bt = gc + kC, nq = bt + kC, nk = nq + kC, gb = nk + kC,
+                       floats = gb + 2 * kC * kGatePre;
 };
 
 // Per (b, h, chunk), all chunks in parallel, for each of the HV / H value heads hv of key head h
@@ -920,7 +926,7 @@ __global__ void __launch_bounds__(kThreads, 2)
 mma_prepare(const QT* __restrict__ q, const QT* __restrict__ k, const float* __restrict__ g,
             const float* __restrict__ beta, const float* __restrict__ nq,
             const float* __restrict__ nk, float* __restrict__ tinv, int T, int H, int HV, int NC,
-            int hvs, int solve, const Packed pk) {
+            int hvs, int solve, bool pre_gates, const Packed pk) {
   using S = PrepSmem<K, QT>;
   constexpr int SK = S::SK;
   WB_CLK_INIT(0);
@@ -936,6 +942,7 @@ mma_prepare(const QT* __restrict__ q, const QT* __restrict__ k, const float* __r
   float* bt = sm + S::bt;  // [C] beta
   float* nqv = sm + S::nq;  // [C] the L2-norm factors of the queries (1: none)
   float* nkv = sm + S::nk;  // [C] and of the keys
+  float* gbs = sm + S::gb;  // [2][kGatePre][C] the gates, then beta, of the value heads (prefetch)
   // hvs value heads a block (HV / H: all of a key head's; 1: one, as before 2026-12-06, for the
   // A/B), the group x of HV / hvs: block x = (b HV / hvs + x) NC + chunk, or packed
   // x pk.nc + chunk (NC = pk.nc); the workspace row of value head hv: (b HV + hv) NC + chunk, or
@@ -957,6 +964,22 @@ mma_prepare(const QT* __restrict__ q, const QT* __restrict__ k, const float* __r
   load_tile<kC, K, SK>(Ks, k + gdn::qk_index(b, t0, h, T, H, K), (long)H * K, L, tid);
   load_tile<kC, K, SK>(Qs, q + gdn::qk_index(b, t0, h, T, H, K), (long)H * K, L, tid);
   cp_commit();
+  const bool pre = pre_gates && hvs <= kGatePre;
+  if (pre) {  // every value head's gates and beta (0 past the chunk's end), loads first
+    constexpr int kPer = 2 * kC * kGatePre / kThreads;
+    const int n = hvs * kC;
+    float v[kPer];
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+      const int idx = tid + j * kThreads, m = idx / n % 2, t = idx % n / hvs, x = idx % hvs;
+      v[j] = idx < 2 * n && t < L ? (m ? beta : g)[gdn::gate_index(b, t0 + t, hv0 + x, T, HV)] : 0.f;
+    }
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+      const int idx = tid + j * kThreads, m = idx / n % 2, t = idx % n / hvs, x = idx % hvs;
+      if (idx < 2 * n) gbs[(m * kGatePre + x) * kC + t] = v[j];
+    }
+  }
   if (w == 1) {  // the L2-norm factors of the chunk's queries and keys
     for (int i = lane; i < kC; i += 32) {
       nqv[i] = i < L ? norm_at(nq, qk_row(b, t0 + i, h, T, H)) : 1.f;
@@ -992,8 +1015,9 @@ mma_prepare(const QT* __restrict__ q, const QT* __restrict__ k, const float* __r
     float* out = tinv + (long)(row0 + (long)hv * hstride) * kChunkWs;  // Tinv, PT, the factors
     if (w == 0) {  // inclusive scan of g over the chunk, two steps per lane
       const int i0 = 2 * lane, i1 = i0 + 1;
-      const float a0 = i0 < L ? g[gdn::gate_index(b, t0 + i0, hv, T, HV)] : 0.f;
-      const float a1 = i1 < L ? g[gdn::gate_index(b, t0 + i1, hv, T, HV)] : 0.f;
+      const float* gp = gbs + vh * kC;  // (prefetched)
+      const float a0 = pre ? gp[i0] : i0 < L ? g[gdn::gate_index(b, t0 + i0, hv, T, HV)] : 0.f;
+      const float a1 = pre ? gp[i1] : i1 < L ? g[gdn::gate_index(b, t0 + i1, hv, T, HV)] : 0.f;
       float s = a0 + a1;
 #pragma unroll
       for (int off = 1; off < 32; off <<= 1) {
@@ -1005,8 +1029,9 @@ mma_prepare(const QT* __restrict__ q, const QT* __restrict__ k, const float* __r
       const float c0 = ex + a0, c1 = c0 + a1;
       gc[i0] = c0;
       gc[i1] = c1;
-      bt[i0] = i0 < L ? beta[gdn::gate_index(b, t0 + i0, hv, T, HV)] : 0.f;
-      bt[i1] = i1 < L ? beta[gdn::gate_index(b, t0 + i1, hv, T, HV)] : 0.f;
+      const float* bp = gbs + (kGatePre + vh) * kC;
+      bt[i0] = pre ? bp[i0] : i0 < L ? beta[gdn::gate_index(b, t0 + i0, hv, T, HV)] : 0.f;
+      bt[i1] = pre ? bp[i1] : i1 < L ? beta[gdn::gate_index(b, t0 + i1, hv, T, HV)] : 0.f;
     }
     WB_CLK(2);
     __syncthreads();
@@ -2714,6 +2739,8 @@ cudaError_t launch_chunks(const GdnArgs* a, const float* h0, float* state, int s
   const int solve = se && !strcmp(se, "full")       ? kSolveFull
                     : se && !strcmp(se, "doubling") ? kSolveDoubling
                                                     : kSolveShort;
+  const char* ge = getenv("WORKBENCH_GDN_MMA_GATES");
+  const bool pre_gates = ge && !strcmp(ge, "prefetch");
   // a launch of only empty sequences has no chunk to prepare; its pass still copies h0 (or zeros)
   // into their final states
   auto prepare = [&](auto halves) {
@@ -2721,7 +2748,8 @@ cudaError_t launch_chunks(const GdnArgs* a, const float* h0, float* state, int s
     const cudaError_t e = allow_smem(mma_prepare<K, QT, HALVES>, s1);
     if (e == cudaSuccess && chunks > 0)
       WB_LAUNCH(chunks * (HV / hvs), kThreads, s1, s, mma_prepare<K, QT, HALVES>)(
-          q, k, a->g, a->beta, a->nq, a->nk, a->tinv, a->T, a->H, HV, NC, hvs, solve, pk);
+          q, k, a->g, a->beta, a->nq, a->nk, a->tinv, a->T, a->H, HV, NC, hvs, solve, pre_gates,
+          pk);
     return e;
   };
   if ((err = wg ? prepare(std::bool_constant<wgk>{}) : prepare(std::false_type{})) != cudaSuccess) return err;

@@ -162,6 +162,23 @@ def test_emulated_doubling_solve_is_the_substitutions_inverse(mma_pass, packed, 
         assert torch.equal(ko, o) and torch.equal(ks, s)
 
 
+@pytest.mark.parametrize("case", ["batch", "packed", "nine-heads"])
+def test_emulated_prefetched_gates_are_the_loaded_gates(case, monkeypatch):
+    """WORKBENCH_GDN_MMA_GATES=prefetch (forced only, not yet timed): prepare loads every value
+    head's gates and beta once, with the keys and queries, instead of each value head's at its
+    start; the same values, so o and the state keep their bits: three value heads a key head with
+    a partial last chunk, a packed batch with an empty and a one-token sequence (its chunks'
+    positions past a sequence's end read 0, not the next sequence's gates), and nine value heads a
+    key head (over the 8 prefetched: each value head loads its own, as without the switch)."""
+    if case == "packed":
+        x = packed_inputs([0, 1, 70, 17, 64], H=1, HV=3, K=64, V=32, dtype=torch.bfloat16, seed=59)
+    else:
+        HV = 9 if case == "nine-heads" else 6
+        x = make_inputs(2, 150, 2 if HV == 6 else 1, HV, 64, 32, dtype=torch.bfloat16, state=True,
+                        seed=59)
+    same_bits_with(x, "WORKBENCH_GDN_MMA_GATES", "prefetch", monkeypatch)
+
+
 @pytest.mark.parametrize("mma_pass,packed", [("smem", False), ("smem", True), ("smem16", True),
                                              ("warp", True)])
 def test_emulated_producer_warps_copy_what_the_warps_copied(mma_pass, packed, monkeypatch):
@@ -502,6 +519,29 @@ def test_gpu_doubling_solve(mma_pass, monkeypatch):
     assert workbench.compare(so, go).rel_l2 <= 2e-5 and workbench.compare(ss, gs).rel_l2 <= 2e-5
     for want, got, sub in ((ro, go, so), (rs, gs, ss)):
         assert workbench.compare(want, got).rel_l2 <= 1.01 * workbench.compare(want, sub).rel_l2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("packed", [False, True])
+def test_gpu_prefetched_gates(packed, monkeypatch):
+    """Prepare's prefetched gates on the GPU (WORKBENCH_GDN_MMA_GATES=prefetch): the same bits as
+    each value head loading its own, three value heads a key head, with the solve either way."""
+    from workbench.kernels import gdn
+    monkeypatch.setenv("WORKBENCH_GDN_CUDA_PATH", "mma")
+    if packed:
+        x = packed_inputs([0, 1, 700, 64, 0, 250], H=2, HV=6, K=64, V=64, dtype=torch.bfloat16,
+                          seed=41)
+    else:
+        x = make_inputs(2, 150, 2, 6, 128, 128, dtype=torch.bfloat16, state=True, seed=41)
+    x = {n: (t.cuda() if isinstance(t, torch.Tensor) else t) for n, t in x.items()}
+    for solve in ("short", "doubling"):
+        monkeypatch.setenv("WORKBENCH_GDN_MMA_SOLVE", solve)
+        monkeypatch.delenv("WORKBENCH_GDN_MMA_GATES", raising=False)
+        want = gdn.chunked(**x, qk_l2norm=True, backend="ext")
+        monkeypatch.setenv("WORKBENCH_GDN_MMA_GATES", "prefetch")
+        got = gdn.chunked(**x, qk_l2norm=True, backend="ext")
+        assert torch.isfinite(got[0].float()).all() and torch.isfinite(got[1]).all()
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), solve
 
 
 def gpu_batch_and_packed(B, T, H, HV, seed):
