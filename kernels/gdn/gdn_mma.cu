@@ -890,7 +890,7 @@ __device__ __forceinline__ void solve_doubling(const float* As, const float* Xd,
 // Prepare's shared memory (floats). The keys and queries are dead once the raw products K K^T and
 // Q K^T are in registers (before the first value head), so P and the diagonal inverse blocks
 // (16 columns, kXS a row) reuse their bytes: 60 KiB at K = 64 and 70 KiB at K = 128 with 16-bit
-// inputs (90 and 106 KiB before 2026-12-07). Two blocks an SM all the same (registers: 128 a
+// inputs (90 and 106 KiB before 2026-12-07; 4 KiB more with the gates prefetched). Two blocks an SM all the same (registers: 128 a
 // thread); three (80 registers, spilling about 30 values) were 5-7% slower on the H200.
 // WORKBENCH_GDN_MMA_GATES=prefetch (for the A/B; unmeasured): prepare loads the gates and beta of
 // all its value heads (at most kGatePre) with the keys and queries, before the raw products, instead
@@ -964,7 +964,7 @@ mma_prepare(const QT* __restrict__ q, const QT* __restrict__ k, const float* __r
   load_tile<kC, K, SK>(Ks, k + gdn::qk_index(b, t0, h, T, H, K), (long)H * K, L, tid);
   load_tile<kC, K, SK>(Qs, q + gdn::qk_index(b, t0, h, T, H, K), (long)H * K, L, tid);
   cp_commit();
-  const bool pre = pre_gates && hvs <= kGatePre;
+  const bool pre = pre_gates && hvs <= kGatePre;  // (gbs allocated only where pre_gates)
   if (pre) {  // every value head's gates and beta (0 past the chunk's end), loads first
     constexpr int kPer = 2 * kC * kGatePre / kThreads;
     const int n = hvs * kC;
@@ -2720,7 +2720,6 @@ cudaError_t launch_chunks(const GdnArgs* a, const float* h0, float* state, int s
   const QT *q = static_cast<const QT*>(a->q), *k = static_cast<const QT*>(a->k);  // prepare's
   constexpr int kMaxSmem = 227 * 1024;  // an sm_90 block's opt-in shared memory
   static_assert(sizeof(float) * PrepSmem<K, QT>::floats <= kMaxSmem, "prepare's shared memory");
-  const size_t s1 = sizeof(float) * PrepSmem<K, QT>::floats;
   const int HV = a->HV, V = a->V;
   cudaError_t err;
   const int nw = pass_plan(seqs * HV, K, V, elem_kind<QT>, sm_count(), &pk);
@@ -2741,6 +2740,8 @@ cudaError_t launch_chunks(const GdnArgs* a, const float* h0, float* state, int s
                                                     : kSolveShort;
   const char* ge = getenv("WORKBENCH_GDN_MMA_GATES");
   const bool pre_gates = ge && !strcmp(ge, "prefetch");
+  // (the prefetched gates' 4 KiB only where they are prefetched)
+  const size_t s1 = sizeof(float) * (pre_gates ? PrepSmem<K, QT>::floats : PrepSmem<K, QT>::gb);
   // a launch of only empty sequences has no chunk to prepare; its pass still copies h0 (or zeros)
   // into their final states
   auto prepare = [&](auto halves) {
