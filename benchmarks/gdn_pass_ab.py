@@ -11,7 +11,8 @@ auto matched bit for bit).
 Any other variable the launcher reads at each call can be A/B'd the same way, e.g. who issues the
 passes' copies (``--env WORKBENCH_GDN_MMA_COPY --variants warps producer two``), prepare's grid
 (``--env WORKBENCH_GDN_MMA_PREPARE --variants value-head key-head``) or its substitution
-(``--env WORKBENCH_GDN_MMA_SOLVE --variants short doubling full``) or how the pass is launched
+(``--env WORKBENCH_GDN_MMA_SOLVE --variants short doubling full``), its gates' loads
+(``--env WORKBENCH_GDN_MMA_GATES --variants load prefetch``) or how the pass is launched
 (``--env WORKBENCH_GDN_MMA_PDL --variants off wait``, the dependent launch being the default; a
 value the launcher does not know is its default): each row then says whether the variants' o and
 final state are bit for bit those of the first variant. A variant written ``VAR=value,VAR2=value``
