@@ -890,11 +890,13 @@ __device__ __forceinline__ void solve_doubling(const float* As, const float* Xd,
 // Prepare's shared memory (floats). The keys and queries are dead once the raw products K K^T and
 // Q K^T are in registers (before the first value head), so P and the diagonal inverse blocks
 // (16 columns, kXS a row) reuse their bytes: 60 KiB at K = 64 and 70 KiB at K = 128 with 16-bit
-// inputs (90 and 106 KiB before 2026-12-07; 4 KiB more with the gates prefetched). Two blocks an SM all the same (registers: 128 a
-// thread); three (80 registers, spilling about 30 values) were 5-7% slower on the H200.
+// inputs (90 and 106 KiB before 2026-12-07; 4 KiB more with the gates prefetched). Two blocks an
+// SM all the same (registers: 128 a thread); three (80 registers, spilling about 30 values) were
+// 5-7% slower on the H200.
 // WORKBENCH_GDN_MMA_GATES=prefetch (for the A/B; unmeasured): prepare loads the gates and beta of
-// all its value heads (at most kGatePre) with the keys and queries, before the raw products, instead
-// of each value head's at its own start, where their latency is the gate scan's; the same values
+// all its value heads (at most kGatePre) with the keys and queries, before the raw products,
+// instead of each value head's at its own start, where their latency is the gate scan's; the same
+// values
 constexpr int kGatePre = 8;
 
 template <int K, typename QT>
@@ -1015,9 +1017,12 @@ mma_prepare(const QT* __restrict__ q, const QT* __restrict__ k, const float* __r
     float* out = tinv + (long)(row0 + (long)hv * hstride) * kChunkWs;  // Tinv, PT, the factors
     if (w == 0) {  // inclusive scan of g over the chunk, two steps per lane
       const int i0 = 2 * lane, i1 = i0 + 1;
-      const float* gp = gbs + vh * kC;  // (prefetched)
-      const float a0 = pre ? gp[i0] : i0 < L ? g[gdn::gate_index(b, t0 + i0, hv, T, HV)] : 0.f;
-      const float a1 = pre ? gp[i1] : i1 < L ? g[gdn::gate_index(b, t0 + i1, hv, T, HV)] : 0.f;
+      // position i's gate (m = 0) or beta (m = 1): prefetched, or loaded (0 past the chunk's end)
+      auto gate = [&](int m, int i) {
+        return pre ? gbs[(m * kGatePre + vh) * kC + i]
+                   : i < L ? (m ? beta : g)[gdn::gate_index(b, t0 + i, hv, T, HV)] : 0.f;
+      };
+      const float a0 = gate(0, i0), a1 = gate(0, i1);
       float s = a0 + a1;
 #pragma unroll
       for (int off = 1; off < 32; off <<= 1) {
@@ -1029,9 +1034,8 @@ mma_prepare(const QT* __restrict__ q, const QT* __restrict__ k, const float* __r
       const float c0 = ex + a0, c1 = c0 + a1;
       gc[i0] = c0;
       gc[i1] = c1;
-      const float* bp = gbs + (kGatePre + vh) * kC;
-      bt[i0] = pre ? bp[i0] : i0 < L ? beta[gdn::gate_index(b, t0 + i0, hv, T, HV)] : 0.f;
-      bt[i1] = pre ? bp[i1] : i1 < L ? beta[gdn::gate_index(b, t0 + i1, hv, T, HV)] : 0.f;
+      bt[i0] = gate(1, i0);
+      bt[i1] = gate(1, i1);
     }
     WB_CLK(2);
     __syncthreads();

@@ -173,9 +173,8 @@ def test_emulated_prefetched_gates_are_the_loaded_gates(case, monkeypatch):
     if case == "packed":
         x = packed_inputs([0, 1, 70, 17, 64], H=1, HV=3, K=64, V=32, dtype=torch.bfloat16, seed=59)
     else:
-        HV = 9 if case == "nine-heads" else 6
-        x = make_inputs(2, 150, 2 if HV == 6 else 1, HV, 64, 32, dtype=torch.bfloat16, state=True,
-                        seed=59)
+        H, HV = (1, 9) if case == "nine-heads" else (2, 6)
+        x = make_inputs(2, 150, H, HV, 64, 32, dtype=torch.bfloat16, state=True, seed=59)
     same_bits_with(x, "WORKBENCH_GDN_MMA_GATES", "prefetch", monkeypatch)
 
 
